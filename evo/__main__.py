@@ -1,0 +1,5 @@
+"""``python -m evo``: the command-line interface."""
+
+from evo.cli import main
+
+raise SystemExit(main())
