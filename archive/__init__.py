@@ -1,0 +1,1 @@
+"""The archive: MAP-Elites grid over an LMDB (or in-memory) store, lineage, lessons."""

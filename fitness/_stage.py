@@ -1,0 +1,103 @@
+"""Stage base class and the values stages pass along.
+
+An :class:`~fitness.Evaluator` is an ordered list of stages that stops at the first
+failed gate. Host stages (``where = "host"``) run in the driver process (a compile stage
+runs its compiler in a subprocess); device stages (``where = "device"``) run inside a
+spawned GPU worker and must therefore be picklable.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from evo.types import DeviceInfo, Genome, Problem, Status
+
+__all__ = ["Job", "Stage", "StageContext", "StageResult"]
+
+
+@dataclass
+class StageResult:
+    """What one stage found.
+
+    Attributes:
+        ok: ``False`` stops the evaluation; ``status`` then says how it failed.
+        status: The failure status (REJECTED, COMPILE_ERROR, INCORRECT, RUNTIME_ERROR,
+            TIMEOUT); ignored when ``ok``.
+        fitness: Set by the stage that scores (usually the timing stage).
+        metrics, resources, artifacts: Merged into the final Evaluation (later stages
+            overwrite earlier keys).
+        data: Passed to later stages through :attr:`Job.data` (e.g. ``"cubin"``).
+    """
+
+    ok: bool
+    status: Status | None = None
+    fitness: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    resources: dict[str, Any] = field(default_factory=dict)
+    artifacts: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def fail(cls, status: Status, reason: str, **artifacts: Any) -> StageResult:
+        """A failed gate with ``reason`` (and any further artifacts) recorded."""
+        arts = {"reason": reason}
+        arts.update(artifacts)
+        return cls(ok=False, status=status, artifacts=arts)
+
+
+@dataclass
+class Job:
+    """One genome on its way through the stages.
+
+    Attributes:
+        genome: The candidate.
+        problem: The Problem it is scored against.
+        data: Products of earlier stages (``"cubin"``: bytes, ``"ptx"``: str,
+            ``"compile_log"``: str, ...).
+    """
+
+    genome: Genome
+    problem: Problem
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    """What a stage may use besides the job.
+
+    Attributes:
+        device: The GPU (device stages only), with its measured copy bandwidth.
+        seed: Secret per-evaluation seed for input generation (the genome cannot know it).
+        scratch: Per-process storage kept across evaluations (module caches, buffers).
+        options: Evaluator options (timeouts, repetitions, cache directory, ...).
+    """
+
+    device: DeviceInfo | None = None
+    seed: int = 0
+    scratch: dict[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+class Stage(abc.ABC):
+    """One step of an evaluation. Subclass and implement :meth:`run`.
+
+    Attributes:
+        name: Key for per-stage wall times.
+        where: ``"host"`` (driver process) or ``"device"`` (inside a GPU worker).
+    """
+
+    name: ClassVar[str] = "stage"
+    where: ClassVar[Literal["host", "device"]] = "host"
+
+    @abc.abstractmethod
+    def run(self, job: Job, ctx: StageContext) -> StageResult:
+        """Run the stage; return a failed :class:`StageResult` for a candidate fault.
+
+        Raising is reserved for faults of the harness itself; a candidate's fault is data.
+        """
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
