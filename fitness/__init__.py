@@ -4,6 +4,6 @@ API index (filled as the package grows):
     Stage, StageResult, StageContext, Job  the stage contract
 """
 
-from fitness._stage import Job, Stage, StageContext, StageResult
+from fitness._stage import CudaFault, Job, Stage, StageContext, StageResult
 
-__all__ = ["Job", "Stage", "StageContext", "StageResult"]
+__all__ = ["CudaFault", "Job", "Stage", "StageContext", "StageResult"]

@@ -15,7 +15,16 @@ from typing import Any, ClassVar, Literal
 
 from evo.types import DeviceInfo, Genome, Problem, Status
 
-__all__ = ["Job", "Stage", "StageContext", "StageResult"]
+__all__ = ["CudaFault", "Job", "Stage", "StageContext", "StageResult"]
+
+
+class CudaFault(RuntimeError):
+    """A CUDA error raised while a candidate ran (illegal address, misaligned access, ...).
+
+    Such errors are sticky: they poison the CUDA context, so the worker that saw one
+    reports RUNTIME_ERROR and exits; a fresh worker takes the next candidate. Device
+    stages raise it (or let cupy's CUDA errors propagate, which the worker treats alike).
+    """
 
 
 @dataclass
@@ -87,10 +96,13 @@ class Stage(abc.ABC):
     Attributes:
         name: Key for per-stage wall times.
         where: ``"host"`` (driver process) or ``"device"`` (inside a GPU worker).
+        needs_gpu: ``True`` if the stage uses the GPU: the worker then initialises the
+            device (and measures its copy bandwidth) before the first such stage.
     """
 
     name: ClassVar[str] = "stage"
     where: ClassVar[Literal["host", "device"]] = "host"
+    needs_gpu: ClassVar[bool] = False
 
     @abc.abstractmethod
     def run(self, job: Job, ctx: StageContext) -> StageResult:
