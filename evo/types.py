@@ -195,6 +195,10 @@ class Genome:
     def __repr__(self) -> str:
         return f"Genome(id={self.id[:12]}, entry={self.entry!r}, params={dict(self.params)!r}, {len(self.source)} chars)"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # params are a mappingproxy, which pickle cannot copy: rebuild from plain data.
+        return (Genome.from_dict, (self.to_dict(),))
+
     def with_params(self, **changes: Any) -> Genome:
         """A new genome with some params replaced."""
         p = thaw(self.params)
@@ -484,6 +488,9 @@ class Case:
 
     def __hash__(self) -> int:
         return hash(self.key)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Case, (dict(self.shape), self.dtype))
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Case) and other.key == self.key

@@ -1,9 +1,60 @@
 """Scoring candidates: stages, the evaluator and isolated GPU workers.
 
-API index (filled as the package grows):
-    Stage, StageResult, StageContext, Job  the stage contract
+API index:
+    Stage, StageResult, StageContext, Job, CudaFault   the stage contract (``_stage``)
+    StaticCheck, static_violations, check_genome       device-code-only policy gate (``_static``)
+    Compile, compile_genome, compile_source,           nvcc / NVRTC / ptxas in limited subprocesses
+        CompileResult, run_limited, toolkit_version,   (``_compile``)
+        truncate_log
+    CompileCache, cache_key, default_cache_dir         on-disk compile cache (``_cache``)
+    Resources, parse_ptxas_report, ptxas_entries       registers, smem, stack, spills (``_resources``)
+    Evaluator, HostScore, EvaluatorConfigError,        the local executor (``_evaluator``)
+        default_stages, check_reference
+    WorkerProcess, WorkerOutcome, is_cuda_fault,       isolated device workers (``_worker``)
+        visible_devices
+    Correctness, Timing, init_device                   device stages (``_gate``, ``_device``; imported lazily)
 """
 
-from fitness._stage import CudaFault, Job, Stage, StageContext, StageResult
+from __future__ import annotations
 
-__all__ = ["CudaFault", "Job", "Stage", "StageContext", "StageResult"]
+from typing import Any
+
+from fitness._cache import CompileCache, cache_key, default_cache_dir
+from fitness._compile import (
+    Compile,
+    CompileResult,
+    ProcResult,
+    compile_genome,
+    compile_source,
+    run_limited,
+    toolkit_version,
+    truncate_log,
+)
+from fitness._evaluator import Evaluator, EvaluatorConfigError, HostScore, check_reference, default_stages
+from fitness._resources import Resources, parse_ptxas_report, ptxas_entries
+from fitness._stage import CudaFault, Job, Stage, StageContext, StageResult
+from fitness._static import StaticCheck, check_genome, static_violations
+from fitness._worker import WorkerOutcome, WorkerProcess, is_cuda_fault, visible_devices
+
+__all__ = [
+    "CudaFault", "Job", "Stage", "StageContext", "StageResult",
+    "StaticCheck", "check_genome", "static_violations",
+    "Compile", "CompileResult", "ProcResult", "compile_genome", "compile_source", "run_limited", "toolkit_version",
+    "truncate_log",
+    "CompileCache", "cache_key", "default_cache_dir",
+    "Resources", "parse_ptxas_report", "ptxas_entries",
+    "Evaluator", "EvaluatorConfigError", "HostScore", "check_reference", "default_stages",
+    "WorkerOutcome", "WorkerProcess", "is_cuda_fault", "visible_devices",
+    "Correctness", "Timing", "init_device",
+]
+
+_LAZY = {"Correctness": "fitness._gate", "Timing": "fitness._gate", "init_device": "fitness._device"}
+
+
+def __getattr__(name: str) -> Any:
+    """Device-side names, imported on first use (they may pull in CuPy)."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'fitness' has no attribute {name!r}")
