@@ -1,0 +1,1069 @@
+"""The engine: MAP-Elites search over kernel genomes with an ask/tell interface.
+
+:class:`Engine` owns the loop's state and nothing else: the archive stores every
+record, the evaluator scores, the operators propose. Users may drive it by hand
+(``ask`` / ``tell``, results accepted out of order, as in Optuna) or call
+:meth:`Engine.run`, a thin loop over the same two calls that keeps several candidates
+in flight so that proposing (LLM calls, on a thread pool), compiling (the evaluator's
+host pool) and GPU timing overlap.
+
+One step:
+
+1. pick an island (round robin) and an operator (a UCB bandit on improvement per
+   unit cost, :mod:`evo._bandit`);
+2. pick parents from the island's pool (``uniform``, ``fitness`` or ``curiosity``,
+   :mod:`evo._selection`); an operator with ``uses_failed_parents`` gets recent failures;
+3. ``operator.propose(parents, OperatorContext(...))``; an ``OperatorError`` becomes a
+   lesson (outcome ``"operator_error"``) and another operator is tried;
+4. children whose genome id is already recorded or in flight are skipped (counted as
+   duplicates) before any compile;
+5. ``tell``: the record and a lesson are written, the bandit, curiosity scores and
+   islands are updated, and the engine state (counters, RNG state, bandit, islands,
+   pending candidates) is saved in the archive, so a run killed at any moment resumes
+   where it stopped.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures as cf
+import difflib
+import logging
+import math
+import os
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from evo._bandit import OperatorBandit
+from evo._islands import Islands
+from evo._progress import Progress
+from evo._selection import STRATEGIES, Curiosity, Entry, cell_key, select
+from evo.types import Evaluation, Genome, Lesson, Problem, Record, Status, thaw
+
+__all__ = ["Budget", "Candidate", "Engine", "EngineConfig", "EngineError", "EngineStateError"]
+
+log = logging.getLogger("evo.engine")
+
+STATE_VERSION = 1
+DEFAULT_OPERATORS = ("param_mutation", "param_crossover")
+LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair")
+SEED_OPERATORS = ("seed", "warm_start")
+
+
+class EngineError(RuntimeError):
+    """The engine cannot go on (no parents to vary, the executor keeps failing, ...)."""
+
+
+class EngineStateError(EngineError):
+    """The engine was used out of order (tell of an unknown id, ask after close, ...)."""
+
+
+# --------------------------------------------------------------------------- value types
+
+
+@dataclass(frozen=True)
+class Budget:
+    """When :meth:`Engine.run` stops; the first limit reached ends the run.
+
+    Attributes:
+        evaluations: Stop once this many evaluations are recorded by the engine in
+            total, counting earlier sessions of a resumed run (so re-running the same
+            script after a crash finishes the same budget).
+        seconds: Wall-clock seconds of this :meth:`Engine.run` call.
+        cost: LLM spend in the backend's currency (sum of ``Proposal.meta["cost"]``),
+            in total over the run's sessions.
+        target_fraction: Stop when the best OK evaluation's ``metrics["fraction"]``
+            (fraction of the measured ceiling) reaches this value.
+
+    In-flight evaluations are always finished and recorded before ``run`` returns.
+    """
+
+    evaluations: int | None = None
+    seconds: float | None = None
+    cost: float | None = None
+    target_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("evaluations", "seconds", "cost", "target_fraction"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0):
+                raise ValueError(f"Budget.{name} must be a non-negative number or None, got {v!r}")
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings.
+
+    Attributes:
+        islands: Number of islands (separate parent pools, :mod:`evo._islands`).
+        migration_interval: Evaluations between migrations (each island's best is
+            copied to the next island).
+        selection: Parent selection: ``"uniform"``, ``"fitness"`` or ``"curiosity"``.
+        in_flight: Candidates kept submitted (or being proposed) at once by ``run``.
+        proposal_workers: Threads calling operators in ``run`` (LLM calls are slow).
+        lessons_in_context: Recent lessons handed to operators (plus lessons on the parents).
+        bandit_exploration: UCB exploration constant of the operator bandit.
+        bandit_discount: Forgetting factor of the bandit (1.0 = never forget).
+        new_cell_bonus: Reward added when a child opens a new archive cell.
+        repair_reward: Reward for an OK child of parents that all failed.
+        dollars_per_unit: LLM spend that counts as one unit of cost (an operator's
+            ``cost_weight`` is in units).
+        warm_start_elites: Elites of a warm-start archive re-evaluated as seeds.
+        failed_parents: Recent failed records kept as parents for repair operators.
+        max_attempts: Operator calls per requested candidate before ``ask`` gives up.
+        max_executor_errors: Consecutive executor exceptions (harness faults, not
+            candidate faults) after which ``run`` stops with :class:`EngineError`.
+        progress_interval: Seconds between progress lines and log lines.
+    """
+
+    islands: int = 2
+    migration_interval: int = 25
+    selection: str = "uniform"
+    in_flight: int = 4
+    proposal_workers: int = 2
+    lessons_in_context: int = 20
+    bandit_exploration: float = 0.5
+    bandit_discount: float = 0.99
+    new_cell_bonus: float = 0.1
+    repair_reward: float = 0.5
+    dollars_per_unit: float = 0.01
+    warm_start_elites: int = 16
+    failed_parents: int = 32
+    max_attempts: int = 8
+    max_executor_errors: int = 5
+    progress_interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        errs = []
+        if self.islands < 1:
+            errs.append(f"islands={self.islands} must be >= 1")
+        if self.migration_interval < 1:
+            errs.append(f"migration_interval={self.migration_interval} must be >= 1")
+        if self.selection not in STRATEGIES:
+            errs.append(f"selection={self.selection!r} must be one of {STRATEGIES}")
+        if self.in_flight < 1:
+            errs.append(f"in_flight={self.in_flight} must be >= 1")
+        if self.proposal_workers < 1:
+            errs.append(f"proposal_workers={self.proposal_workers} must be >= 1")
+        if not 0 < self.bandit_discount <= 1:
+            errs.append(f"bandit_discount={self.bandit_discount} must be in (0, 1]")
+        if self.dollars_per_unit <= 0:
+            errs.append(f"dollars_per_unit={self.dollars_per_unit} must be > 0")
+        if self.max_attempts < 1:
+            errs.append(f"max_attempts={self.max_attempts} must be >= 1")
+        if errs:
+            raise ValueError("EngineConfig: " + "; ".join(errs))
+
+
+@dataclass
+class Candidate:
+    """A proposed genome on its way to evaluation.
+
+    Attributes:
+        id: Engine-wide candidate number (pass it to :meth:`Engine.tell`).
+        genome: The genome to evaluate.
+        parents: Parent genome ids.
+        operator: Name of the operator that proposed it (``"seed"``, ``"warm_start"``).
+        generation: The engine's proposal round when it was made.
+        island: Island it belongs to.
+        note: What changed (the operator's note).
+        meta: Extra data kept on the record (LLM model, tokens, cost, ...).
+    """
+
+    id: int
+    genome: Genome
+    parents: tuple[str, ...] = ()
+    operator: str = "seed"
+    generation: int = 0
+    island: int = 0
+    note: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_state(self) -> dict[str, Any]:
+        return {"id": self.id, "genome": self.genome.to_dict(), "parents": list(self.parents),
+                "operator": self.operator, "generation": self.generation, "island": self.island,
+                "note": self.note, "meta": thaw(self.meta)}
+
+    @classmethod
+    def from_state(cls, d: Mapping[str, Any]) -> Candidate:
+        return cls(id=int(d["id"]), genome=Genome.from_dict(d["genome"]), parents=tuple(d.get("parents", ())),
+                   operator=str(d.get("operator", "seed")), generation=int(d.get("generation", 0)),
+                   island=int(d.get("island", 0)), note=str(d.get("note", "")), meta=dict(d.get("meta") or {}))
+
+
+@dataclass
+class _Plan:
+    """One operator call, prepared in the engine thread and run anywhere."""
+
+    operator: Any
+    parents: list[Record]
+    island: int
+    generation: int
+    ctx: Any
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def source_diff_summary(old: str, new: str) -> str:
+    """``"source +N -M lines, first change at line K: <text>"`` (difflib, line based)."""
+    a, b = old.splitlines(), new.splitlines()
+    plus = minus = 0
+    first: tuple[int, str] | None = None
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        minus += i2 - i1
+        plus += j2 - j1
+        if first is None:
+            text = b[j1].strip() if j2 > j1 else ("-" + a[i1].strip())
+            first = (i1 + 1, text[:80])
+    if first is None:
+        return "source reformatted"
+    return f"source +{plus} -{minus} lines, first change at line {first[0]}: {first[1]}"
+
+
+def describe_change(parent: Genome | None, child: Genome) -> str:
+    """A short description of how ``child`` differs from ``parent`` (params and source)."""
+    if parent is None:
+        return "new genome"
+    parts = []
+    if thaw(parent.params) != thaw(child.params):
+        from operators import param_diff
+
+        parts.append(param_diff(parent.params, child.params))
+    if parent.source != child.source:
+        parts.append(source_diff_summary(parent.source, child.source))
+    return "; ".join(p for p in parts if p) or "no change"
+
+
+def _is_budget_exceeded(exc: BaseException | None) -> bool:
+    """True if ``exc`` (or its cause chain) is an ``operators.llm.BudgetExceeded``."""
+    try:
+        from operators.llm import BudgetExceeded
+    except Exception:  # operators.llm missing or broken: nothing can raise it
+        return False
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, BudgetExceeded):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+class _ReadOnlyArchive:
+    """What operators see of the archive: reads only, each under the engine's lock."""
+
+    _READS = ("best", "get", "sample_elites", "elite", "records", "elites", "counts", "lineage")
+
+    def __init__(self, archive: Any, lock: threading.RLock) -> None:
+        self._archive = archive
+        self._lock = lock
+
+    def __contains__(self, genome_id: object) -> bool:
+        with self._lock:
+            return genome_id in self._archive
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._archive)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "lessons":
+            return _ReadOnlyLessons(self._archive.lessons, self._lock)
+        if name in ("header", "coverage", "qd_score", "n_cells", "problem"):
+            with self._lock:
+                return getattr(self._archive, name)
+        if name not in self._READS:
+            raise AttributeError(f"the archive view given to operators is read-only; {name!r} is not available")
+        fn = getattr(self._archive, name)
+
+        def call(*a: Any, **kw: Any) -> Any:
+            with self._lock:
+                out = fn(*a, **kw)
+                if hasattr(out, "__next__"):  # materialise iterators while holding the lock
+                    out = list(out)
+                return out
+
+        return call
+
+
+class _ReadOnlyLessons:
+    def __init__(self, lessons: Any, lock: threading.RLock) -> None:
+        self._lessons = lessons
+        self._lock = lock
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in ("recent", "by_parent", "by_operator", "by_outcome", "all"):
+            raise AttributeError(f"lessons are read-only for operators; {name!r} is not available")
+        fn = getattr(self._lessons, name)
+
+        def call(*a: Any, **kw: Any) -> Any:
+            with self._lock:
+                return list(fn(*a, **kw))
+
+        return call
+
+
+# --------------------------------------------------------------------------- engine
+
+
+class Engine:
+    """MAP-Elites search with ask/tell, islands, an operator bandit and crash-safe state.
+
+    Args:
+        problem: What to optimise.
+        archive: An ``archive.Archive`` or a path (then opened with ``problem``; the
+            engine closes what it opened). Its device header is filled once the
+            evaluator reports its ``DeviceInfo``.
+        operators: Names, Operator instances or propose functions (``operators.resolve``).
+            Default: ``param_mutation`` and ``param_crossover``, plus ``llm_diff``,
+            ``llm_rewrite``, ``llm_crossover`` and ``llm_repair`` when ``llm`` is given.
+        evaluator: An executor (``submit(genome) -> Future[Evaluation]``, ``stats()``,
+            ``close()``); default ``fitness.Evaluator(problem)`` created by :meth:`run`.
+        llm: LLM backend handed to operators (``OperatorContext.llm``).
+        config: Engine settings.
+        seed: Seed of the engine's RNG (selection and the operators' RNG streams).
+        warm_start: An archive (or its path) of another run (other shapes or GPU): its
+            elites are re-evaluated here as seeds and its lessons are copied (once).
+
+    If the archive holds engine state from an earlier session, the engine resumes it:
+    counters, RNG stream, bandit, islands; pending candidates are evaluated again unless
+    their record made it into the archive.
+    """
+
+    def __init__(self, problem: Problem, archive: Any, operators: Sequence[Any] | None = None,
+                 evaluator: Any = None, *, llm: Any = None, config: EngineConfig | None = None, seed: int = 0,
+                 warm_start: Any = None) -> None:
+        import archive as archive_pkg
+        import operators as operators_pkg
+
+        self.problem = problem
+        self.config = config if config is not None else EngineConfig()
+        self.llm = llm
+        self.evaluator = evaluator
+        self._owns_evaluator = False
+        self._lock = threading.RLock()
+        if isinstance(archive, (str, os.PathLike)):
+            self.archive = archive_pkg.Archive(problem, archive)
+            self._owns_archive = True
+        else:
+            self.archive = archive
+            self._owns_archive = False
+        specs = list(operators) if operators is not None else list(DEFAULT_OPERATORS) + (
+            list(LLM_OPERATORS) if llm is not None else [])
+        if not specs:
+            raise ValueError("Engine needs at least one operator")
+        self.operators = [operators_pkg.resolve(s) for s in specs]
+        names = [op.name for op in self.operators]
+        if len(set(names)) != len(names):
+            raise ValueError(f"operator names repeat: {names}; give each operator a distinct name")
+        self._ops = {op.name: op for op in self.operators}
+        self._view = _ReadOnlyArchive(self.archive, self._lock)
+
+        self._rng = np.random.default_rng(seed)
+        self.bandit = OperatorBandit(names, exploration=self.config.bandit_exploration,
+                                     discount=self.config.bandit_discount)
+        self.islands = Islands(self.config.islands)
+        self.curiosity = Curiosity()
+        self._generation = 0
+        self._next_id = 0
+        self._evaluations = 0
+        self._cost = 0.0
+        self._stats: collections.Counter[str] = collections.Counter()
+        self._pending: dict[int, Candidate] = {}      # proposed, not yet told (persisted)
+        self._queue: collections.deque[int] = collections.deque()   # pending, not handed out
+        self._outstanding: set[int] = set()           # handed out by ask(), not yet told
+        self._told: set[int] = set()
+        self._seed_queue: collections.deque[dict[str, Any]] = collections.deque()
+        self._failed: collections.deque[str] = collections.deque(maxlen=self.config.failed_parents)
+        self._best_fraction: float | None = None
+        self._warm_started = False
+        self._device_set = False
+        self._closed = False
+        self._executor_errors = 0
+        self._resumed = False
+
+        state = self.archive.load_state()
+        if state:
+            self._restore(state)
+        else:
+            for g in problem.seeds:
+                if g.id not in self.archive:
+                    self._seed_queue.append({"genome": g.to_dict(), "operator": "seed", "meta": {}})
+            self._init_from_archive()
+        if warm_start is not None and not self._warm_started:
+            self._warm_start(warm_start)
+        self._save_state()
+
+    # -- public properties --------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """The proposal-round counter (continues across resumed sessions)."""
+        return self._generation
+
+    @property
+    def evaluations(self) -> int:
+        """Evaluations recorded by the engine in total (across resumed sessions)."""
+        return self._evaluations
+
+    @property
+    def cost(self) -> float:
+        """LLM spend so far (sum of ``Proposal.meta["cost"]``)."""
+        return self._cost
+
+    @property
+    def resumed(self) -> bool:
+        """True if this engine continued the saved state of an earlier session."""
+        return self._resumed
+
+    @property
+    def pending(self) -> list[Candidate]:
+        """Candidates proposed but not yet told, in id order."""
+        return [self._pending[i] for i in sorted(self._pending)]
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: evaluations, proposals, duplicates, operator_errors, cost, migrations, per operator."""
+        out: dict[str, Any] = dict(self._stats)
+        out.update(evaluations=self._evaluations, generation=self._generation, cost=self._cost,
+                   pending=len(self._pending), migrations=self.islands.migrations,
+                   operators=self.bandit.summary())
+        for k in ("proposals", "duplicates", "operator_errors"):
+            out.setdefault(k, 0)
+        return out
+
+    # -- ask ------------------------------------------------------------------------------
+
+    def ask(self, n: int = 1) -> list[Candidate]:
+        """Propose up to ``n`` new candidates (fewer if the operators keep failing).
+
+        Queued candidates (restored from a killed session) come first, then the
+        problem's seeds (and warm-start elites), then operator proposals.
+
+        Raises:
+            EngineStateError: The engine is closed.
+            EngineError: Nothing can be proposed: the archive holds no usable parent,
+                no seed is left and no operator takes zero parents.
+        """
+        self._check_open()
+        if n < 1:
+            raise ValueError(f"ask(n) needs n >= 1, got {n}")
+        out: list[Candidate] = []
+        while len(out) < n:
+            c = self._next_queued()
+            if c is None:
+                break
+            out.append(c)
+        attempts = 0
+        while len(out) < n and attempts < self.config.max_attempts * n:
+            attempts += 1
+            plan = self._plan()
+            if plan is None:
+                if not out and not self._pending:
+                    raise EngineError(self._no_parent_message())
+                break
+            try:
+                proposals = self._propose(plan)
+            except Exception as e:
+                if isinstance(e, _operator_error_type()) and not _is_budget_exceeded(e):
+                    self._operator_failed(plan, e)
+                    continue
+                raise
+            for c in self._accept(plan, proposals):
+                self._queue.remove(c.id)
+                if len(out) < n:
+                    out.append(c)
+                else:
+                    self._queue.appendleft(c.id)
+        for c in out:
+            self._outstanding.add(c.id)
+        self._save_state()
+        return out
+
+    # -- tell -----------------------------------------------------------------------------
+
+    def tell(self, candidate_id: int, evaluation: Evaluation) -> Any:
+        """Record the evaluation of a candidate (in any order) and learn from it.
+
+        Args:
+            candidate_id: :attr:`Candidate.id` from :meth:`ask`.
+            evaluation: Its evaluation.
+
+        Returns:
+            The archive's ``AddResult``.
+
+        Raises:
+            EngineStateError: Unknown id, already told, or the engine is closed.
+        """
+        self._check_open()
+        if not isinstance(evaluation, Evaluation):
+            raise TypeError(f"tell() takes an evo.types.Evaluation, got {type(evaluation).__name__}")
+        with self._lock:
+            cand = self._pending.get(candidate_id)
+            if cand is None:
+                if candidate_id in self._told:
+                    raise EngineStateError(f"candidate {candidate_id} was already told; each candidate is told once")
+                raise EngineStateError(f"unknown candidate id {candidate_id!r}: tell() takes an id returned by ask() "
+                                       f"(pending: {sorted(self._pending)[:10]})")
+            return self._tell(cand, evaluation)
+
+    def _tell(self, cand: Candidate, evaluation: Evaluation) -> Any:
+        from archive import AddStatus
+
+        parents = [r for r in (self.archive.get(p) for p in cand.parents) if r is not None]
+        ok_parents = [r for r in parents if r.evaluation.ok and r.fitness is not None]
+        best_parent = max(ok_parents, key=lambda r: r.fitness) if ok_parents else None
+        meta = dict(cand.meta)
+        if cand.note:
+            meta.setdefault("note", cand.note)
+        record = Record(genome=cand.genome, evaluation=evaluation, parents=cand.parents, operator=cand.operator,
+                        generation=cand.generation, island=cand.island, meta=meta)
+        result = self.archive.add(record)
+        del self._pending[cand.id]
+        self._outstanding.discard(cand.id)
+        if cand.id in self._queue:
+            self._queue.remove(cand.id)
+        self._told.add(cand.id)
+        self._evaluations += 1
+        self._stats[f"status_{evaluation.status.value}"] += 1
+
+        ok = evaluation.ok and evaluation.fitness is not None
+        success = result.status in (AddStatus.NEW, AddStatus.IMPROVED)
+        delta = None
+        if ok and best_parent is not None and best_parent.fitness:
+            delta = (evaluation.fitness - best_parent.fitness) / abs(best_parent.fitness)
+        if not ok:
+            outcome = evaluation.status.value
+        elif best_parent is not None:
+            outcome = "improved" if evaluation.fitness > best_parent.fitness else "no_gain"
+        else:
+            outcome = "improved" if success else "no_gain"
+        if cand.operator not in SEED_OPERATORS or not ok:
+            parent = best_parent or (parents[0] if parents else None)
+            change = cand.note or describe_change(parent.genome if parent else None, cand.genome)
+            if cand.operator in SEED_OPERATORS:
+                change = f"{cand.operator}: {change}"
+            message = "" if ok else _excerpt(evaluation.reason)
+            self.archive.lessons.append(Lesson(operator=cand.operator, child_id=cand.genome.id, change=change,
+                                               outcome=outcome, parent_id=parent.id if parent else None,
+                                               delta=delta, message=message, generation=cand.generation))
+
+        # learning: bandit, LLM ensemble, curiosity, islands, failures
+        if cand.operator in self._ops:
+            improvement = max(delta or 0.0, 0.0) if ok else 0.0
+            if ok and result.status == AddStatus.NEW:
+                improvement += self.config.new_cell_bonus
+            if ok and parents and not ok_parents:
+                improvement += self.config.repair_reward
+            dollars = _cost_of(cand.meta)
+            cost = max(getattr(self._ops[cand.operator], "cost_weight", 1.0), 1e-6) + \
+                dollars / self.config.dollars_per_unit
+            self.bandit.update(cand.operator, improvement, cost)
+            model = cand.meta.get("model")
+            if model and self.llm is not None and callable(getattr(self.llm, "report", None)):
+                try:
+                    self.llm.report(model, improvement, dollars)
+                except Exception:  # a reporting hook never ends a run
+                    log.exception("llm.report(%r) failed", model)
+        for p in parents:
+            if p.cell is not None:
+                self.curiosity.update(cell_key(p.cell), success)
+        if ok:
+            rec = result.record if getattr(result.record, "cell", None) is not None else self.archive.get(cand.genome.id)
+            cell = rec.cell if rec is not None else None
+            self.islands.add(cand.island, Entry(cand.genome.id, float(evaluation.fitness), cell_key(cell)))
+            frac = evaluation.metrics.get("fraction") if isinstance(evaluation.metrics, Mapping) else None
+            if isinstance(frac, (int, float)) and math.isfinite(frac):
+                self._best_fraction = frac if self._best_fraction is None else max(self._best_fraction, frac)
+        else:
+            self._failed.append(cand.genome.id)
+        if self.islands.n > 1 and self._evaluations % self.config.migration_interval == 0:
+            moved = self.islands.migrate()
+            if moved:
+                log.info("migration %d: %s", self.islands.migrations,
+                         ", ".join(f"{a}->{b} {gid[:8]}" for a, b, gid in moved))
+        self._fill_device_header()
+        self._save_state()
+        return result
+
+    # -- run ------------------------------------------------------------------------------
+
+    def run(self, budget: Budget | None = None, progress: bool = True) -> Record | None:
+        """Search until a budget limit is reached; returns the archive's best record.
+
+        Keeps ``config.in_flight`` candidates proposed or evaluating at once: operator
+        calls run on a thread pool, evaluations on the evaluator. Stops on the first of
+        the budget's limits, or when the LLM cost cap raises ``BudgetExceeded``; work in
+        flight is finished and recorded and the state saved before it returns.
+
+        Args:
+            budget: Limits (default: none, run until interrupted).
+            progress: Show a live progress display on stderr.
+
+        Raises:
+            EngineStateError: Candidates handed out by :meth:`ask` are still outstanding,
+                or the engine is closed.
+            EngineError: Nothing can be proposed, or the executor keeps raising.
+        """
+        self._check_open()
+        if self._outstanding:
+            raise EngineStateError(
+                f"{len(self._outstanding)} candidate(s) from ask() are still outstanding "
+                f"(ids {sorted(self._outstanding)[:10]}): tell() their evaluations before run()")
+        budget = budget if budget is not None else Budget()
+        ev = self._ensure_evaluator()
+        t0 = time.monotonic()
+        told0 = self._evaluations
+        evals: dict[cf.Future[Any], int] = {}
+        props: dict[cf.Future[Any], _Plan] = {}
+        stop: str | None = None
+        starved = False
+        prog = Progress(progress, interval=self.config.progress_interval)
+        pool = cf.ThreadPoolExecutor(self.config.proposal_workers, thread_name_prefix="evo-propose")
+        clean = False
+        try:
+            while True:
+                if stop is None:
+                    stop = self._budget_reason(budget, t0)
+                if stop is None:
+                    starved = False
+                    while len(evals) + len(props) < self.config.in_flight and self._room(budget, evals, props) > 0:
+                        cand = self._next_queued()
+                        if cand is not None:
+                            evals[ev.submit(cand.genome)] = cand.id
+                            continue
+                        plan = self._plan()
+                        if plan is None:
+                            starved = True
+                            break
+                        props[pool.submit(self._propose, plan)] = plan
+                    self._save_state()
+                if not evals and not props:
+                    if stop is None and starved:
+                        raise EngineError(self._no_parent_message())
+                    break
+                done, _ = cf.wait(list(evals) + list(props), timeout=0.25, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    if fut in props:
+                        plan = props.pop(fut)
+                        exc = fut.exception()
+                        if exc is not None:
+                            if _is_budget_exceeded(exc):
+                                stop = stop or "LLM budget exceeded"
+                                log.info("LLM budget exceeded: finishing work in flight")
+                                continue
+                            if isinstance(exc, _operator_error_type()):
+                                self._operator_failed(plan, exc)
+                                continue
+                            raise exc
+                        for c in self._accept(plan, fut.result()):
+                            if stop is None and self._room(budget, evals, props) > 0:
+                                self._queue.remove(c.id)
+                                evals[ev.submit(c.genome)] = c.id
+                    else:
+                        cid = evals.pop(fut)
+                        self.tell(cid, self._result_of(fut, cid))
+                prog.update(self._snapshot(ev, t0, told0, len(evals) + len(props)))
+            clean = True
+        finally:
+            pool.shutdown(wait=clean, cancel_futures=True)
+            prog.update(self._snapshot(ev, t0, told0, 0), force=True)
+            prog.close()
+            if not self._closed:
+                self._save_state()
+        log.info("run stopped (%s) after %d evaluations in %.1f s", stop or "no more work",
+                 self._evaluations - told0, time.monotonic() - t0)
+        with self._lock:
+            return self.archive.best()  # type: ignore[no-any-return]
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Save the state and close what the engine opened (archive, default evaluator)."""
+        if self._closed:
+            return
+        self._save_state()
+        self._closed = True
+        if self._owns_evaluator and self.evaluator is not None:
+            self.evaluator.close()
+        if self._owns_archive:
+            self.archive.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals: proposing -------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineStateError("the engine is closed; create a new Engine on the archive to continue the run")
+
+    def _no_parent_message(self) -> str:
+        return ("nothing to propose: the archive has no OK record to use as a parent, no seed is left and no "
+                "operator takes zero parents; give the Problem a seed genome (Problem.seeds) that compiles and "
+                "passes, or pass warm_start=")
+
+    def _new_candidate(self, genome: Genome, parents: Sequence[str], operator: str, generation: int, island: int,
+                       note: str = "", meta: Mapping[str, Any] | None = None) -> Candidate:
+        c = Candidate(self._next_id, genome, tuple(parents), operator, generation, island, note, dict(meta or {}))
+        self._next_id += 1
+        self._pending[c.id] = c
+        self._queue.append(c.id)
+        return c
+
+    def _in_flight_ids(self) -> set[str]:
+        return {c.genome.id for c in self._pending.values()}
+
+    def _next_queued(self) -> Candidate | None:
+        """The next queued candidate (restored or surplus), else the next seed."""
+        with self._lock:
+            if self._queue:
+                return self._pending[self._queue.popleft()]
+            while self._seed_queue:
+                item = self._seed_queue.popleft()
+                g = Genome.from_dict(item["genome"])
+                if g.id in self.archive or g.id in self._in_flight_ids():
+                    continue
+                island = self._next_id % self.islands.n
+                c = self._new_candidate(g, (), item.get("operator", "seed"), self._generation, island,
+                                        item.get("note", ""), item.get("meta"))
+                self._queue.remove(c.id)
+                return c
+            return None
+
+    def _pool(self, island: int, k: int) -> list[Entry]:
+        es = self.islands.entries(island)
+        if len(es) >= max(k, 1):
+            return es
+        return [Entry(r.id, float(r.fitness), cell_key(r.cell)) for r in self.archive.elites()
+                if r.fitness is not None]
+
+    def _plan(self) -> _Plan | None:
+        """Choose island, operator and parents; None if no operator has parents."""
+        with self._lock:
+            island = self._generation % self.islands.n
+            allowed = []
+            pools: dict[str, list[Entry] | list[str]] = {}
+            for op in self.operators:
+                k = int(getattr(op, "n_parents", 1))
+                if k == 0:
+                    allowed.append(op.name)
+                    pools[op.name] = []
+                elif getattr(op, "uses_failed_parents", False):
+                    failed = [f for f in self._failed]
+                    if failed:
+                        allowed.append(op.name)
+                        pools[op.name] = failed
+                else:
+                    pool = self._pool(island, k)
+                    if len(pool) >= k:
+                        allowed.append(op.name)
+                        pools[op.name] = pool
+            if not allowed:
+                return None
+            name = self.bandit.choose(self._rng, allowed)
+            op = self._ops[name]
+            k = int(getattr(op, "n_parents", 1))
+            pool = pools[name]
+            if getattr(op, "uses_failed_parents", False) and k > 0:
+                idx = self._rng.choice(len(pool), size=k, replace=len(pool) < k)
+                ids = [pool[int(i)] for i in idx]
+            else:
+                ids = [e.id for e in select(pool, k, self._rng, self.config.selection, self.curiosity)]  # type: ignore[arg-type]
+            parents = [r for r in (self.archive.get(i) for i in ids) if r is not None]
+            gen = self._generation
+            self._generation += 1
+            op_rng = np.random.default_rng(int(self._rng.integers(2**63)))
+            from operators import OperatorContext
+
+            ctx = OperatorContext(rng=op_rng, problem=self.problem, lessons=self._lessons_for(parents),
+                                  archive=self._view, llm=self.llm, generation=gen, hardware=self._hardware())
+            return _Plan(op, parents, island, gen, ctx)
+
+    def _propose(self, plan: _Plan) -> list[Any]:
+        out = plan.operator.propose(plan.parents, plan.ctx)
+        return list(out or [])
+
+    def _accept(self, plan: _Plan, proposals: Iterable[Any]) -> list[Candidate]:
+        """Turn proposals into queued candidates, skipping duplicates."""
+        from operators import Proposal
+
+        out = []
+        with self._lock:
+            seen = self._in_flight_ids()
+            for p in proposals:
+                if isinstance(p, Proposal):
+                    g, note, meta = p.genome, p.note, dict(p.meta)
+                elif isinstance(p, Genome):
+                    g, note, meta = p, "", {}
+                else:
+                    raise TypeError(f"operator {plan.operator.name!r} returned {type(p).__name__}; "
+                                    "propose() must return Genome or Proposal objects")
+                self._stats["proposals"] += 1
+                self._cost += _cost_of(meta)
+                if g.id in seen or g.id in self.archive:
+                    self._stats["duplicates"] += 1
+                    self.bandit.update(plan.operator.name, 0.0, getattr(plan.operator, "cost_weight", 1.0))
+                    continue
+                seen.add(g.id)
+                out.append(self._new_candidate(g, [r.id for r in plan.parents], plan.operator.name, plan.generation,
+                                               plan.island, note, meta))
+            self._save_state()
+        return out
+
+    def _operator_failed(self, plan: _Plan, exc: BaseException) -> None:
+        with self._lock:
+            self._stats["operator_errors"] += 1
+            parent = plan.parents[0].id if plan.parents else None
+            self.archive.lessons.append(Lesson(operator=plan.operator.name, child_id="", change="(no child)",
+                                               outcome="operator_error", parent_id=parent,
+                                               message=_excerpt(str(exc) or type(exc).__name__),
+                                               generation=plan.generation))
+            self.bandit.update(plan.operator.name, 0.0, getattr(plan.operator, "cost_weight", 1.0))
+            log.debug("operator %s failed: %s", plan.operator.name, exc)
+            self._save_state()
+
+    def _lessons_for(self, parents: Sequence[Record]) -> list[Lesson]:
+        n = self.config.lessons_in_context
+        if n <= 0:
+            return []
+        got: dict[int, Lesson] = {}
+        for lesson in self.archive.lessons.recent(n):
+            got[lesson.seq] = lesson
+        for p in parents:
+            for lesson in list(self.archive.lessons.by_parent(p.id))[-5:]:
+                got[lesson.seq] = lesson
+        return [got[k] for k in sorted(got)]
+
+    def _hardware(self) -> dict[str, Any]:
+        info = getattr(self.evaluator, "device_info", None) if self.evaluator is not None else None
+        if info is not None:
+            return dict(info.to_dict()) if hasattr(info, "to_dict") else dict(info)
+        dev = (getattr(self.archive, "header", None) or {}).get("device")
+        return dict(dev) if isinstance(dev, Mapping) else {}
+
+    # -- internals: running -----------------------------------------------------------------
+
+    def _ensure_evaluator(self) -> Any:
+        if self.evaluator is None:
+            import fitness
+
+            self.evaluator = fitness.Evaluator(self.problem)
+            self._owns_evaluator = True
+        return self.evaluator
+
+    def _room(self, budget: Budget, evals: Mapping[Any, Any], props: Mapping[Any, Any]) -> float:
+        if budget.evaluations is None:
+            return math.inf
+        return budget.evaluations - (self._evaluations + len(evals) + len(props))
+
+    def _budget_reason(self, budget: Budget, t0: float) -> str | None:
+        if budget.evaluations is not None and self._evaluations >= budget.evaluations:
+            return f"evaluations budget {budget.evaluations} reached"
+        if budget.seconds is not None and time.monotonic() - t0 >= budget.seconds:
+            return f"time budget {budget.seconds:g} s reached"
+        if budget.cost is not None and self._cost >= budget.cost:
+            return f"cost budget {budget.cost:g} reached"
+        if budget.target_fraction is not None and self._best_fraction is not None \
+                and self._best_fraction >= budget.target_fraction:
+            return f"target fraction {budget.target_fraction:g} reached"
+        return None
+
+    def _result_of(self, fut: cf.Future[Any], cid: int) -> Evaluation:
+        try:
+            ev = fut.result()
+            if not isinstance(ev, Evaluation):
+                raise TypeError(f"the executor returned {type(ev).__name__}, not an Evaluation")
+            self._executor_errors = 0
+            return ev
+        except Exception as e:
+            self._executor_errors += 1
+            log.error("executor raised for candidate %d: %s", cid, e)
+            if self._executor_errors >= self.config.max_executor_errors:
+                raise EngineError(f"the executor raised {self._executor_errors} times in a row (last: "
+                                  f"{type(e).__name__}: {e}); this is a harness fault, not a candidate's") from e
+            return Evaluation.failure(Status.RUNTIME_ERROR, f"executor raised {type(e).__name__}: {e}",
+                                      artifacts={"traceback": "".join(traceback.format_exception(e))[-4000:]})
+
+    def _snapshot(self, ev: Any, t0: float, told0: int, in_flight: int) -> dict[str, Any]:
+        with self._lock:
+            best = self.archive.best()
+            cov = getattr(self.archive, "coverage", None)
+        elapsed = max(time.monotonic() - t0, 1e-9)
+        gpu = None
+        try:
+            gpu = (ev.stats() or {}).get("gpu_busy_fraction")
+        except Exception:
+            gpu = None
+        if isinstance(gpu, Mapping):  # {"overall", "per_device"}; no device used yet -> not shown
+            gpu = gpu.get("overall") if gpu.get("per_device", True) else None
+        return {"evaluations": self._evaluations, "best": best.fitness if best is not None else None,
+                "coverage": cov, "rate": (self._evaluations - told0) / elapsed * 60.0,
+                "gpu_busy": gpu if isinstance(gpu, (int, float)) else None, "cost": self._cost,
+                "in_flight": in_flight, "duplicates": self._stats["duplicates"]}
+
+    def _fill_device_header(self) -> None:
+        if self._device_set or self.evaluator is None:
+            return
+        info = getattr(self.evaluator, "device_info", None)
+        if info is None:
+            return
+        setter = getattr(self.archive, "set_device", None)
+        if callable(setter):
+            setter(info)
+        self._device_set = True
+
+    # -- internals: state ---------------------------------------------------------------------
+
+    def _init_from_archive(self) -> None:
+        """Fill islands and failure list from records already in the archive (no state yet)."""
+        for i, r in enumerate(self.archive.elites()):
+            if r.fitness is not None:
+                self.islands.add(r.island if r.island < self.islands.n else i % self.islands.n,
+                                 Entry(r.id, float(r.fitness), cell_key(r.cell)))
+        best = self.archive.best()
+        if best is not None:
+            frac = best.evaluation.metrics.get("fraction")
+            if isinstance(frac, (int, float)):
+                self._best_fraction = float(frac)
+
+    def _warm_start(self, source: Any) -> None:
+        import archive as archive_pkg
+
+        src = archive_pkg.Archive.open_readonly(source) if isinstance(source, (str, os.PathLike)) else source
+        try:
+            elites = sorted((r for r in src.elites() if r.fitness is not None), key=lambda r: -r.fitness)
+            name = (getattr(src, "header", {}) or {}).get("problem", {})
+            queued = 0
+            for r in elites[: self.config.warm_start_elites]:
+                bad = self.problem.params.violations(r.genome.params)
+                if bad:
+                    log.info("warm start: skipping %s (%s)", r.id[:12], "; ".join(bad))
+                    continue
+                self._seed_queue.append({"genome": r.genome.to_dict(), "operator": "warm_start",
+                                         "meta": {"warm_start": {"source_id": r.id, "source_fitness": r.fitness,
+                                                                 "source_problem": _problem_name(name)}}})
+                queued += 1
+            copied = 0
+            for lesson in src.lessons.all():
+                self.archive.lessons.append(lesson.replace(seq=-1))
+                copied += 1
+            log.info("warm start: %d elites queued for re-evaluation, %d lessons copied", queued, copied)
+            self._warm_started = True
+        finally:
+            if src is not source:
+                src.close()
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "generation": self._generation,
+            "next_id": self._next_id,
+            "evaluations": self._evaluations,
+            "cost": self._cost,
+            "stats": dict(self._stats),
+            "rng": _plain_state(self._rng.bit_generator.state),
+            "bandit": self.bandit.state(),
+            "islands": self.islands.state(),
+            "curiosity": self.curiosity.state(),
+            "pending": [self._pending[i].to_state() for i in sorted(self._pending)],
+            "seed_queue": list(self._seed_queue),
+            "failed": list(self._failed),
+            "best_fraction": self._best_fraction,
+            "warm_started": self._warm_started,
+            "saved": time.time(),
+        }
+
+    def _save_state(self) -> None:
+        if self._closed:
+            return
+        with self._lock:
+            self.archive.save_state(self._state())
+
+    def _restore(self, s: Mapping[str, Any]) -> None:
+        if int(s.get("version", 0)) > STATE_VERSION:
+            raise EngineError(f"engine state version {s.get('version')} is newer than this library's "
+                              f"{STATE_VERSION}: upgrade ptx-kernel-factory to resume this run")
+        self._resumed = True
+        self._generation = int(s.get("generation", 0))
+        self._next_id = int(s.get("next_id", 0))
+        self._evaluations = int(s.get("evaluations", 0))
+        self._cost = float(s.get("cost", 0.0))
+        self._stats.update({str(k): int(v) for k, v in (s.get("stats") or {}).items()})
+        if s.get("rng"):
+            self._rng.bit_generator.state = _rng_state(s["rng"])
+        self.bandit.load(s.get("bandit") or {})
+        self.islands.load(s.get("islands") or {})
+        self.curiosity.load(s.get("curiosity") or {})
+        self._seed_queue.extend(s.get("seed_queue") or [])
+        self._failed.extend(s.get("failed") or [])
+        self._best_fraction = s.get("best_fraction")
+        self._warm_started = bool(s.get("warm_started", False))
+        recovered = 0
+        for d in s.get("pending") or []:
+            c = Candidate.from_state(d)
+            if c.genome.id in self.archive:
+                recovered += 1  # told, but killed before the state was saved
+                continue
+            self._pending[c.id] = c
+            self._queue.append(c.id)
+        self._evaluations += recovered
+        log.info("resumed engine state: generation %d, %d evaluations, %d pending candidate(s) to re-submit",
+                 self._generation, self._evaluations, len(self._pending))
+
+
+def _operator_error_type() -> type[BaseException]:
+    from operators import OperatorError
+
+    return OperatorError
+
+
+def _cost_of(meta: Mapping[str, Any]) -> float:
+    c = meta.get("cost") if isinstance(meta, Mapping) else None
+    return float(c) if isinstance(c, (int, float)) and math.isfinite(c) and c > 0 else 0.0
+
+
+def _excerpt(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _problem_name(desc: Any) -> str:
+    if isinstance(desc, Mapping):
+        return str(desc.get("name", ""))
+    return str(desc or "")
+
+
+def _plain_state(v: Any) -> Any:
+    """RNG state as msgpack-safe data: ints beyond 64 bits become ``"int:<digits>"``."""
+    if isinstance(v, Mapping):
+        return {str(k): _plain_state(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain_state(x) for x in v]
+    if hasattr(v, "item") and not isinstance(v, (str, bytes)):
+        v = v.item()
+    if isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+        return f"int:{v}"
+    return v
+
+
+def _rng_state(v: Any) -> Any:
+    """Inverse of :func:`_plain_state`."""
+    if isinstance(v, Mapping):
+        return {k: _rng_state(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_rng_state(x) for x in v]
+    if isinstance(v, str) and v.startswith("int:"):
+        return int(v[4:])
+    return v

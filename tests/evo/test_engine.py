@@ -1,0 +1,341 @@
+"""Engine ask/tell, state checks, budgets, islands, lessons and resume (fast: no compiler).
+
+These tests drive the real Engine over a real LMDB archive with
+``cpu_problem.ParamsExecutor``, an executor that scores params on threads; the
+compiler-backed runs are in ``test_engine_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from archive import AddStatus, Archive
+from evo.engine import Budget, Candidate, Engine, EngineConfig, EngineError, EngineStateError
+from evo.types import Evaluation, Record, Status
+from operators import OperatorContext, OperatorError, ParamMutation, Proposal
+from tests.evo.cpu_problem import ParamsExecutor, make_problem, seed_genome
+
+
+@pytest.fixture
+def problem():  # type: ignore[no-untyped-def]
+    return make_problem()
+
+
+def _engine(problem, path: Path, **kw) -> Engine:  # type: ignore[no-untyped-def]
+    kw.setdefault("config", EngineConfig(islands=1, in_flight=3))
+    return Engine(problem, str(path), **kw)
+
+
+# --------------------------------------------------------------------------- ask / tell
+
+
+def test_ask_tell_out_of_order(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ex = ParamsExecutor()
+    with _engine(problem, tmp_path / "a") as eng:
+        (seed,) = eng.ask(1)
+        assert seed.operator == "seed" and seed.parents == ()
+        eng.tell(seed.id, ex.evaluate_now(seed.genome))
+        cands = eng.ask(4)
+        assert len(cands) == 4
+        assert len({c.id for c in cands}) == 4 and len({c.genome.id for c in cands}) == 4
+        assert all(c.parents == (seed.genome.id,) or len(c.parents) == 2 for c in cands)
+        results = {}
+        for c in reversed(cands):  # out of order
+            results[c.id] = eng.tell(c.id, ex.evaluate_now(c.genome))
+        assert all(r.status in (AddStatus.NEW, AddStatus.IMPROVED, AddStatus.NOT_ADDED) for r in results.values())
+        assert len(eng.archive) == 5
+        for c in cands:
+            rec = eng.archive.get(c.genome.id)
+            assert rec is not None
+            assert rec.operator == c.operator and rec.parents == c.parents and rec.generation == c.generation
+        assert eng.evaluations == 5
+        assert eng.pending == []
+
+
+def test_misuse_errors(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ex = ParamsExecutor()
+    eng = _engine(problem, tmp_path / "a", evaluator=ex)
+    (c,) = eng.ask(1)
+    with pytest.raises(EngineStateError, match="unknown candidate id 999"):
+        eng.tell(999, ex.evaluate_now(c.genome))
+    with pytest.raises(TypeError, match="Evaluation"):
+        eng.tell(c.id, {"status": "ok"})  # type: ignore[arg-type]
+    with pytest.raises(EngineStateError, match="outstanding"):
+        eng.run(Budget(evaluations=3), progress=False)
+    eng.tell(c.id, ex.evaluate_now(c.genome))
+    with pytest.raises(EngineStateError, match="already told"):
+        eng.tell(c.id, ex.evaluate_now(c.genome))
+    with pytest.raises(ValueError, match="n >= 1"):
+        eng.ask(0)
+    eng.close()
+    with pytest.raises(EngineStateError, match="closed"):
+        eng.ask(1)
+    with pytest.raises(EngineStateError, match="closed"):
+        eng.run(Budget(evaluations=1))
+    with pytest.raises(ValueError, match="selection"):
+        EngineConfig(selection="greedy")
+    with pytest.raises(ValueError, match="islands"):
+        EngineConfig(islands=0)
+    with pytest.raises(ValueError, match="Budget.seconds"):
+        Budget(seconds=-1)
+
+
+def test_no_parent_is_a_clear_error(tmp_path: Path) -> None:
+    problem = make_problem(seeds=())
+    with _engine(problem, tmp_path / "a") as eng, pytest.raises(EngineError, match="Problem.seeds"):
+        eng.ask(1)
+
+
+def test_failed_seed_gives_lesson_and_clear_error(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ex = ParamsExecutor(fail=lambda p: True)
+    with _engine(problem, tmp_path / "a", evaluator=ex) as eng:
+        with pytest.raises(EngineError, match="no OK record"):
+            eng.run(Budget(evaluations=5), progress=False)
+        assert eng.archive.counts().get("compile_error") == 1
+        (lesson,) = eng.archive.lessons.all()
+        assert lesson.outcome == "compile_error" and "synthetic compile error" in lesson.message
+
+
+# --------------------------------------------------------------------------- operators, lessons
+
+
+class RecordingMutation(ParamMutation):
+    """ParamMutation that remembers the lessons it was shown."""
+
+    name = "recording_mutation"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def propose(self, parents: Sequence[Record], ctx: OperatorContext) -> list[Proposal]:
+        with self._lock:
+            self.seen.append([lesson.change for lesson in ctx.lessons])
+        assert ctx.archive is not None and len(ctx.archive) >= 1
+        with pytest.raises(AttributeError, match="read-only"):
+            ctx.archive.add  # noqa: B018
+        return super().propose(parents, ctx)
+
+
+def test_lessons_written_with_param_diffs_and_shown_later(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    op = RecordingMutation()
+    with _engine(problem, tmp_path / "a", operators=[op], evaluator=ParamsExecutor()) as eng:
+        eng.run(Budget(evaluations=12), progress=False)
+        lessons = eng.archive.lessons.all()
+        assert lessons, "each told child must leave a lesson"
+        assert all(lesson.operator == "recording_mutation" for lesson in lessons)
+        assert all("->" in lesson.change for lesson in lessons)  # "UNROLL 1->2" style diffs
+        assert {lesson.outcome for lesson in lessons} <= {"improved", "no_gain"}
+        assert any(lesson.delta is not None for lesson in lessons)
+        assert op.seen[0] == []  # first call: nothing learned yet
+        later = [changes for changes in op.seen if changes]
+        assert later and any("->" in ch for ch in later[-1])
+
+
+def test_operator_error_becomes_lesson_and_run_goes_on(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    calls = {"n": 0}
+
+    def flaky(parents, ctx):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise OperatorError("no usable code block in the response")
+        return ParamMutation().propose(parents, ctx)
+
+    with _engine(problem, tmp_path / "a", operators=[flaky], evaluator=ParamsExecutor()) as eng:
+        eng.run(Budget(evaluations=6), progress=False)
+        errs = eng.archive.lessons.by_outcome("operator_error")
+        assert errs and errs[0].message == "no usable code block in the response"
+        assert eng.stats()["operator_errors"] == len(errs)
+        assert eng.evaluations == 6
+
+
+def test_duplicates_skipped_before_evaluation(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def echo(parents, ctx):  # type: ignore[no-untyped-def]
+        child = ParamMutation().propose(parents, ctx)
+        return [parents[0].genome, *child, *child]  # the parent again and the child twice
+
+    ex = ParamsExecutor()
+    with _engine(problem, tmp_path / "a", operators=[echo], evaluator=ex) as eng:
+        eng.run(Budget(evaluations=8), progress=False)
+        st = eng.stats()
+        assert st["duplicates"] >= 14
+        assert len(ex.submitted) == len(set(ex.submitted)) == len(eng.archive) == 8
+
+
+# --------------------------------------------------------------------------- budgets
+
+
+def test_budget_seconds(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    ex = ParamsExecutor(delay=0.05)
+    with _engine(problem, tmp_path / "a", evaluator=ex) as eng:
+        t0 = time.monotonic()
+        eng.run(Budget(seconds=0.8), progress=False)
+        took = time.monotonic() - t0
+        assert 0.8 <= took < 3.0
+        assert eng.evaluations >= 5
+        assert eng.pending == [] or all(c.id not in eng._outstanding for c in eng.pending)
+
+
+def test_budget_target_fraction(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    with _engine(problem, tmp_path / "a", evaluator=ParamsExecutor(), seed=3) as eng:
+        best = eng.run(Budget(target_fraction=0.2, evaluations=300), progress=False)
+        assert best is not None and best.evaluation.metrics["fraction"] >= 0.2
+        assert eng.evaluations < 300
+        # stopping is prompt: at most the in-flight candidates after the one that hit it
+        hits = [r.seq for r in eng.archive.records() if r.evaluation.ok and r.evaluation.metrics["fraction"] >= 0.2]
+        assert eng.evaluations <= min(hits) + 1 + eng.config.in_flight
+
+
+def test_budget_cost_and_llm_budget_exceeded(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def paid(parents, ctx):  # type: ignore[no-untyped-def]
+        return [Proposal(g.genome if isinstance(g, Proposal) else g, "paid change", {"cost": 0.25, "model": "m"})
+                for g in ParamMutation().propose(parents, ctx)]
+
+    with _engine(problem, tmp_path / "a", operators=[paid], evaluator=ParamsExecutor()) as eng:
+        eng.run(Budget(cost=1.0, evaluations=100), progress=False)
+        assert 1.0 <= eng.cost < 1.0 + 0.25 * (eng.config.in_flight + 1)
+        assert eng.evaluations < 100
+
+    from operators import BudgetExceeded
+
+    calls = {"n": 0}
+
+    def capped(parents, ctx):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] > 4:
+            raise BudgetExceeded("cost cap 1.00 reached")
+        return ParamMutation().propose(parents, ctx)
+
+    with _engine(problem, tmp_path / "b", operators=[capped], evaluator=ParamsExecutor(delay=0.02)) as eng:
+        eng.run(Budget(evaluations=100), progress=False)
+        told = eng.evaluations
+        assert 2 <= told <= 5
+        assert not eng.archive.lessons.by_outcome("operator_error")
+        assert eng.archive.load_state()["evaluations"] == told
+
+
+# --------------------------------------------------------------------------- islands
+
+
+def test_islands_migrate(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    cfg = EngineConfig(islands=3, migration_interval=4, in_flight=2)
+    with _engine(problem, tmp_path / "a", config=cfg, evaluator=ParamsExecutor()) as eng:
+        eng.run(Budget(evaluations=24), progress=False)
+        assert eng.islands.migrations == 6
+        assert {r.island for r in eng.archive.records()} == {0, 1, 2}
+        migrants = 0
+        for i in range(3):
+            for e in eng.islands.entries(i):
+                if eng.archive.get(e.id).island != i:
+                    migrants += 1
+        assert migrants >= 1
+        st = eng.archive.load_state()["islands"]
+        assert st["migrations"] == 6 and len(st["pools"]) == 3
+
+
+@pytest.mark.parametrize("strategy", ["uniform", "fitness", "curiosity"])
+def test_selection_strategies_run(problem, tmp_path: Path, strategy: str) -> None:  # type: ignore[no-untyped-def]
+    cfg = EngineConfig(islands=1, selection=strategy)
+    with _engine(problem, tmp_path / "a", config=cfg, evaluator=ParamsExecutor()) as eng:
+        best = eng.run(Budget(evaluations=15), progress=False)
+        assert best is not None and best.fitness > eng.archive.get(seed_genome().id).fitness
+        if strategy == "curiosity":
+            assert eng.curiosity.scores
+
+
+# --------------------------------------------------------------------------- state and resume
+
+
+def test_resume_continues_the_same_rng_stream(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ex = ParamsExecutor()
+
+    def steps(eng: Engine, k: int) -> list[str]:
+        ids = []
+        for _ in range(k):
+            (c,) = eng.ask(1)
+            eng.tell(c.id, ex.evaluate_now(c.genome))
+            ids.append(c.genome.id)
+        return ids
+
+    with _engine(problem, tmp_path / "straight", seed=7) as eng:
+        straight = steps(eng, 8)
+    with _engine(problem, tmp_path / "split", seed=7) as eng:
+        first = steps(eng, 4)
+        gen = eng.generation
+    with _engine(problem, tmp_path / "split", seed=12345) as eng:  # the saved RNG state wins
+        assert eng.resumed and eng.generation == gen and eng.evaluations == 4
+        second = steps(eng, 4)
+    assert first + second == straight
+
+
+def test_pending_candidates_resubmitted_after_restart(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    ex = ParamsExecutor()
+    eng = _engine(problem, tmp_path / "a")
+    (s,) = eng.ask(1)
+    eng.tell(s.id, ex.evaluate_now(s.genome))
+    cands = eng.ask(3)
+    eng.tell(cands[1].id, ex.evaluate_now(cands[1].genome))
+    # simulate a crash: nothing closed; a second process opens the archive... here we
+    # drop the engine without close() and reopen from the saved state
+    state = eng.archive.load_state()
+    assert [p["id"] for p in state["pending"]] == [cands[0].id, cands[2].id]
+    eng.archive.close()
+    eng2 = _engine(problem, tmp_path / "a")
+    assert [c.id for c in eng2.pending] == [cands[0].id, cands[2].id]
+    again = eng2.ask(2)
+    assert [c.genome.id for c in again] == [cands[0].genome.id, cands[2].genome.id]
+    for c in again:
+        eng2.tell(c.id, ex.evaluate_now(c.genome))
+    assert len(eng2.archive) == 4 and eng2.evaluations == 4
+    eng2.close()
+
+
+def test_candidate_state_round_trip() -> None:
+    c = Candidate(3, seed_genome(UNROLL=2), ("p",), "param_mutation", 5, 1, "UNROLL 1->2", {"cost": 0.1})
+    d = Candidate.from_state(c.to_state())
+    assert d == c
+
+
+def test_warm_start_from_another_archive(tmp_path: Path) -> None:
+    ex = ParamsExecutor()
+    src_problem = make_problem("cpu_axpy_small", check_shapes=({"N": 100},))
+    with _engine(src_problem, tmp_path / "src", evaluator=ex, seed=1) as eng:
+        eng.run(Budget(evaluations=15), progress=False)
+        src_elites = {r.id for r in eng.archive.elites()}
+        n_lessons = len(eng.archive.lessons.all())
+    assert n_lessons > 0
+    dst_problem = make_problem("cpu_axpy_big", check_shapes=({"N": 100000},), seeds=())
+    cfg = EngineConfig(islands=1, warm_start_elites=5)
+    with Engine(dst_problem, str(tmp_path / "dst"), evaluator=ParamsExecutor(), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        assert len(eng.archive.lessons.all()) == n_lessons
+        eng.run(Budget(evaluations=8), progress=False)
+        warm = [r for r in eng.archive.records() if r.operator == "warm_start"]
+        assert len(warm) == min(5, len(src_elites))
+        assert {r.id for r in warm} <= src_elites
+        assert all(r.meta["warm_start"]["source_problem"] == "cpu_axpy_small" for r in warm)
+        assert [r.seq for r in eng.archive.records()][: len(warm)] == sorted(r.seq for r in warm)
+        after_run = len(eng.archive.lessons.all())
+    # reopening with the same warm_start neither copies the lessons again nor re-queues elites
+    with Engine(dst_problem, str(tmp_path / "dst"), evaluator=ParamsExecutor(), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        assert len(eng.archive.lessons.all()) == after_run
+        assert eng.archive.load_state()["warm_started"] is True
+        assert eng.archive.load_state()["seed_queue"] == []
+
+
+def test_archive_object_is_not_closed_by_engine(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    arch = Archive(problem, str(tmp_path / "a"))
+    with Engine(problem, arch, evaluator=ParamsExecutor(), config=EngineConfig(islands=1)) as eng:
+        eng.run(Budget(evaluations=3), progress=False)
+    assert len(arch) == 3  # still open and usable
+    ev = Evaluation(Status.OK, fitness=1.0)
+    assert ev.ok
+    arch.close()
