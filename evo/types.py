@@ -222,10 +222,26 @@ class Genome:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "params": thaw(self.params), "entry": self.entry, "language": self.language}
+        return {"source": self.source, "params": thaw(self.params), "entry": self.entry, "language": self.language,
+                "id": self.id}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Genome:
+    def from_dict(cls, d: Mapping[str, Any], *, trust_id: bool = False) -> Genome:
+        """Rebuild a genome; with ``trust_id`` a stored ``id`` is reused instead of re-hashing.
+
+        Re-hashing normalises the whole source, which dominates decoding time for large
+        archives; the archive, which wrote the id itself, passes ``trust_id=True``.
+        """
+        if trust_id and isinstance(d.get("id"), str):
+            g = object.__new__(cls)
+            object.__setattr__(g, "source", d["source"])
+            object.__setattr__(g, "params", _freeze(dict(d.get("params", {}))))
+            object.__setattr__(g, "entry", d.get("entry", "kernel"))
+            object.__setattr__(g, "language", d.get("language", "cuda"))
+            if not isinstance(g.source, str) or g.language not in ("cuda", "ptx"):
+                raise ValueError("stored genome has an invalid source or language")
+            object.__setattr__(g, "_id", d["id"])
+            return g
         return cls(d["source"], d.get("params", {}), d.get("entry", "kernel"), d.get("language", "cuda"))
 
 
@@ -394,7 +410,7 @@ class Record:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Record:
         return cls(
-            genome=Genome.from_dict(d["genome"]),
+            genome=Genome.from_dict(d["genome"], trust_id=True),
             evaluation=Evaluation.from_dict(d["evaluation"]),
             parents=tuple(d.get("parents", ())),
             operator=d.get("operator", "seed"),

@@ -1,0 +1,740 @@
+"""The MAP-Elites archive over a :class:`~archive._store.Store`.
+
+Layout (sub-database: key -> value)::
+
+    header   b"meta"             -> pack_raw(header dict)
+             b"next_seq"         -> big-endian u64, the next record seq (== number of records)
+             b"next_lesson_seq"  -> big-endian u64
+             b"count/<status>"   -> big-endian u64, records per Status
+             b"min_fitness"      -> big-endian f64, lowest finite fitness of any OK record
+    records  genome id (ascii)   -> codec.dumps(Record)
+    index    b"s" + u64 seq      -> genome id + b"\\0" + status   (records in seq order)
+    cells    b"c" + u32 per axis -> pack_raw([elite id, fitness, seq])
+    lineage  parent id + b"/" + child id -> operator name (utf-8)
+    lessons  u64 seq             -> codec.dumps(Lesson)
+    state    b"engine"           -> pack_raw(engine state)
+
+Every add is one transaction: the record, its index entry, its lineage edges, the
+counters and (if it wins) its cell are written together or not at all, so a process
+killed at any instant leaves either the whole record or nothing.
+
+QD score: ``sum(fitness - min_fitness + 1)`` over the elites, where ``min_fitness`` is the
+lowest finite fitness of any OK record ever added, so every elite contributes at least 1
+and the score is positive and grows with coverage and with fitness (the offset plays the
+role of pyribs' ``qd_score_offset``, chosen from the data).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import struct
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from archive._errors import (
+    ArchiveError,
+    CorruptArchiveError,
+    HeaderMismatchError,
+    InvalidRecordError,
+    NotAnArchiveError,
+    ReadOnlyArchiveError,
+    SchemaVersionError,
+    TransactionConflict,
+)
+from archive._lessons import Lessons
+from archive._lineage import Lineage
+from archive._lmdb import DEFAULT_MAP_SIZE, LMDBStore
+from archive._store import MemoryStore, Store, Txn
+from evo.codec import SCHEMA_VERSION, CodecError, dumps, loads, pack_raw, unpack_raw
+from evo.space import CategoricalAxis, NumericAxis, SpaceError
+from evo.types import DeviceInfo, Problem, Record, Status
+
+__all__ = ["FORMAT", "AddResult", "AddStatus", "Archive", "fork_archive"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = "ptx-kernel-factory-archive"
+_META = b"meta"
+_NEXT_SEQ = b"next_seq"
+_MIN_FIT = b"min_fitness"
+_STATE = b"engine"
+_CACHE_MAX = 4096
+_RETRIES = 8
+
+
+class AddStatus(IntEnum):
+    """What an add did to the grid (ordered: NOT_ADDED < IMPROVED < NEW)."""
+
+    NOT_ADDED = 0
+    IMPROVED = 1
+    NEW = 2
+
+
+@dataclass(frozen=True)
+class AddResult:
+    """The outcome of :meth:`Archive.add`.
+
+    Attributes:
+        status: NEW (filled an empty cell), IMPROVED (beat the cell's elite) or NOT_ADDED
+            (a failure, an OK record that did not beat the elite, or a duplicate).
+        record: The record as stored (seq, cell and descriptors set). For a duplicate, the
+            record stored earlier under the same id.
+        previous: The cell's elite before this add, when the cell was occupied.
+        duplicate: True when a record with the same genome id was already stored; nothing
+            was changed.
+    """
+
+    status: AddStatus
+    record: Record
+    previous: Record | None = None
+    duplicate: bool = False
+
+
+def _u64(n: int) -> bytes:
+    return struct.pack(">Q", n)
+
+
+def _read_u64(raw: bytes | None) -> int:
+    return struct.unpack(">Q", raw)[0] if raw else 0
+
+
+def _cell_key(cell: tuple[int, ...]) -> bytes:
+    return b"c" + struct.pack(f">{len(cell)}I", *cell)
+
+
+def _cell_of_key(key: bytes) -> tuple[int, ...]:
+    n = (len(key) - 1) // 4
+    return tuple(struct.unpack(f">{n}I", key[1:]))
+
+
+def _library_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("ptx-kernel-factory")
+    except Exception:
+        return "unknown"
+
+
+def _axes_from_description(descs: list[Mapping[str, Any]]) -> tuple[NumericAxis | CategoricalAxis, ...]:
+    axes: list[NumericAxis | CategoricalAxis] = []
+    for d in descs:
+        if d.get("kind") == "categorical":
+            axes.append(CategoricalAxis(d["name"], d["values"], d.get("source")))
+        else:
+            axes.append(NumericAxis(d["name"], d["low"], d["high"], d["bins"], d.get("source")))
+    return tuple(axes)
+
+
+def _device_dict(device: DeviceInfo | Mapping[str, Any]) -> dict[str, Any]:
+    d = device.to_dict() if isinstance(device, DeviceInfo) else dict(device)
+    if not d.get("name"):
+        raise ArchiveError(f"device info needs a 'name', got {d!r}")
+    cc = d.get("compute_capability")
+    return {"name": str(d["name"]), "compute_capability": None if cc is None else str(cc)}
+
+
+_BIG = "__bigint__"
+
+
+def _wrap_big(value: Any) -> Any:
+    """Ints outside msgpack's 64-bit range (e.g. numpy PCG64 state) become ``{"__bigint__": "0x.."}``."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and not (-(1 << 63) <= value < (1 << 64)):
+        return {_BIG: hex(value)}
+    if isinstance(value, Mapping):
+        return {k: _wrap_big(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_wrap_big(v) for v in value]
+    return value
+
+
+def _unwrap_big(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and _BIG in value and isinstance(value[_BIG], str):
+            return int(value[_BIG], 16)
+        return {k: _unwrap_big(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unwrap_big(v) for v in value]
+    return value
+
+
+def decode_header(raw: bytes, where: str) -> dict[str, Any]:
+    """Decode and check a stored header; raise the matching ArchiveError."""
+    try:
+        env = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+    except Exception as e:
+        raise CorruptArchiveError(f"{where}: the archive header cannot be decoded ({e}); the archive is damaged") \
+            from None
+    if isinstance(env, list) and env and isinstance(env[0], int) and env[0] > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{where} was written with schema version {env[0]}, newer than this library's {SCHEMA_VERSION}: "
+            "upgrade ptx-kernel-factory to open it")
+    try:
+        header = unpack_raw(raw)
+    except CodecError as e:
+        raise CorruptArchiveError(f"{where}: the archive header is damaged ({e})") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise NotAnArchiveError(f"{where} holds a store but not a kernel-factory archive header")
+    version = header.get("schema_version")
+    if not isinstance(version, int):
+        raise CorruptArchiveError(f"{where}: the archive header has no schema version")
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(
+            f"{where} was written with schema version {version}, newer than this library's {SCHEMA_VERSION}: "
+            "upgrade ptx-kernel-factory to open it")
+    return header
+
+
+class Archive:
+    """A MAP-Elites grid over ``problem.descriptors``, holding every record (failures too).
+
+    A problem with no descriptors has one cell (plain elitism). Only OK records occupy
+    cells; a cell keeps the record of highest fitness (ties keep the incumbent).
+
+    Args:
+        problem: The problem every record belongs to; its fingerprint is kept in the header.
+        store: A :class:`Store`, a path (an LMDB archive directory, created if missing) or
+            None (in memory).
+        device: The GPU the run uses, if known (see :meth:`set_device`).
+        force: Reuse an archive created for a different problem or device; the header is
+            updated to this problem and the old fingerprint is kept in ``header["history"]``.
+        map_size: Initial LMDB map size when ``store`` is a path.
+
+    Raises:
+        NotAnArchiveError: The path holds something else (it is left untouched).
+        CorruptArchiveError: The archive's files are damaged (nothing is modified).
+        SchemaVersionError: A newer library wrote the archive.
+        HeaderMismatchError: The archive belongs to another problem or device.
+
+    Thread safety: the store serialises writes; one Archive may be shared by the threads
+    of one process. Several processes may open the same path, each with its own Archive.
+    """
+
+    def __init__(self, problem: Problem, store: Store | str | os.PathLike[str] | None = None, *,
+                 device: DeviceInfo | Mapping[str, Any] | None = None, force: bool = False,
+                 map_size: int = DEFAULT_MAP_SIZE) -> None:
+        if not isinstance(problem, Problem):
+            raise TypeError(f"Archive needs a Problem, got {type(problem).__name__}")
+        owns = not isinstance(store, Store)
+        if store is None:
+            store = MemoryStore()
+        elif not isinstance(store, Store):
+            store = LMDBStore(store, map_size=map_size)
+        try:
+            self._setup(store, owns, problem, readonly=False)
+            self._open_header(force)
+            if device is not None:
+                self.set_device(device, force=force)
+        except BaseException:
+            if owns:
+                store.close()
+            raise
+
+    @classmethod
+    def open_readonly(cls, path: str | os.PathLike[str]) -> Archive:
+        """Open an LMDB archive for reading without its Problem (inspection, the CLI).
+
+        Descriptor axes come from the problem description saved in the header; ``add``
+        and the other writes raise :class:`ReadOnlyArchiveError`.
+        """
+        store = LMDBStore(path, readonly=True, create=False)
+        self = cls.__new__(cls)
+        try:
+            self._setup(store, True, None, readonly=True)
+            raw = store.get("header", _META)
+            if raw is None:
+                raise NotAnArchiveError(f"{self._where} holds no archive header")
+            self._header = decode_header(raw, self._where)
+            self._axes = _axes_from_description(self._header["problem"].get("descriptors", []))
+        except BaseException:
+            store.close()
+            raise
+        return self
+
+    # -- setup --------------------------------------------------------------------
+
+    def _setup(self, store: Store, owns: bool, problem: Problem | None, readonly: bool) -> None:
+        self._store = store
+        self._owns = owns
+        self.problem = problem
+        self._readonly = readonly
+        self.path: Path | None = getattr(store, "path", None)
+        self._where = str(self.path) if self.path is not None else "in-memory archive"
+        self._axes = tuple(problem.descriptors) if problem is not None else ()
+        self._header: dict[str, Any] = {}
+        self._elites: dict[tuple[int, ...], tuple[str, float, int]] = {}
+        self._elite_list: list[tuple[str, float, int]] | None = None
+        self._token: int | None = None
+        self._cache: dict[str, Record] = {}
+        self.lessons = Lessons(store, readonly=readonly, where=self._where)
+
+    def _open_header(self, force: bool) -> None:
+        assert self.problem is not None
+        problem = self.problem
+        with self._store.transaction() as txn:
+            raw = txn.get("header", _META)
+            if raw is None:
+                if any(txn.count(db) for db in self._store.DBS):
+                    raise NotAnArchiveError(f"{self._where} holds data but no archive header; pass another path")
+                header = {
+                    "format": FORMAT,
+                    "schema_version": SCHEMA_VERSION,
+                    "problem_fingerprint": problem.fingerprint(),
+                    "problem": problem.describe(),
+                    "device": None,
+                    "created": time.time(),
+                    "library_version": _library_version(),
+                    "history": [],
+                }
+                txn.put("header", _META, pack_raw(header))
+                txn.put("header", _NEXT_SEQ, _u64(0))
+                self._header = header
+                return
+            header = decode_header(raw, self._where)
+            if header.get("problem_fingerprint") != problem.fingerprint():
+                diffs = problem.diff(header.get("problem") or {})
+                if not force or "descriptors" in diffs:
+                    extra = ("" if not force else
+                             " (force=True cannot change the descriptor axes: the grid would not match)")
+                    raise HeaderMismatchError(
+                        f"{self._where} was created for a different problem "
+                        f"({header.get('problem', {}).get('name')!r}, fingerprint {header.get('problem_fingerprint')}"
+                        f" vs {problem.fingerprint()}); fields that differ: {', '.join(diffs) or '(none listed)'}"
+                        f"{extra}. To reuse it anyway pass force=True; to start a new archive from its records "
+                        f"and lessons use archive.fork_archive(src, dst, problem)")
+                log.warning("reusing %s with a different problem (differs in %s): force=True", self._where, diffs)
+                header["history"] = list(header.get("history") or []) + [{
+                    "problem_fingerprint": header.get("problem_fingerprint"), "differs": diffs,
+                    "replaced": time.time()}]
+                header["problem_fingerprint"] = problem.fingerprint()
+                header["problem"] = problem.describe()
+                txn.put("header", _META, pack_raw(header))
+            self._header = header
+
+    # -- header, device ---------------------------------------------------------------
+
+    @property
+    def header(self) -> dict[str, Any]:
+        """A copy of the header: format, schema_version, problem_fingerprint, problem, device, created, ..."""
+        return dict(self._header)
+
+    @property
+    def readonly(self) -> bool:
+        """True for archives opened with :meth:`open_readonly`."""
+        return self._readonly
+
+    def _writable(self) -> None:
+        if self._readonly:
+            raise ReadOnlyArchiveError(f"{self._where} was opened read-only; open it with Archive(problem, path)")
+
+    def set_device(self, device: DeviceInfo | Mapping[str, Any], *, force: bool = False) -> None:
+        """Record the device (name and compute capability) once; a later different one is refused.
+
+        Raises:
+            HeaderMismatchError: The archive was filled on another device (pass ``force=True``
+                to overwrite the recorded device).
+        """
+        self._writable()
+        dev = _device_dict(device)
+        with self._store.transaction() as txn:
+            header = decode_header(txn.get("header", _META) or b"", self._where)
+            old = header.get("device")
+            if old == dev:
+                self._header = header
+                return
+            if old is not None and old.get("compute_capability") is None and old.get("name") == dev["name"]:
+                pass  # filling in a compute capability that was unknown
+            elif old is not None and not force:
+                raise HeaderMismatchError(
+                    f"{self._where} was filled on {old.get('name')} (cc {old.get('compute_capability')}), "
+                    f"not {dev['name']} (cc {dev['compute_capability']}): timings are not comparable. Use a new "
+                    "archive (or fork_archive), or pass force=True to reuse it anyway")
+            header["device"] = dev
+            txn.put("header", _META, pack_raw(header))
+        self._header = header
+
+    # -- writes --------------------------------------------------------------------
+
+    def _prepare(self, record: Record) -> Record:
+        if not isinstance(record, Record):
+            raise InvalidRecordError(f"add() takes a Record, got {type(record).__name__}")
+        if record.status is not Status.OK:
+            return record.replace(cell=None)  # always a private copy: _insert sets its seq
+        assert self.problem is not None
+        try:
+            values = self.problem.descriptor_values(record.genome, record.evaluation)
+            cell = tuple(axis.index(values[axis.name]) for axis in self._axes)
+        except SpaceError as e:
+            raise InvalidRecordError(
+                f"record {record.id[:12]} cannot be placed in the grid: {e}. Its params, resources or metrics "
+                f"must give every descriptor ({', '.join(a.name for a in self._axes)}) a valid value; "
+                "nothing was written") from None
+        return record.replace(cell=cell, descriptors=values)
+
+    def _insert(self, txn: Txn, rec: Record, st: dict[str, Any]) -> tuple[AddResult, tuple[Any, ...] | None]:
+        key = rec.id.encode("ascii")
+        if key in st["batch"]:
+            return AddResult(AddStatus.NOT_ADDED, st["batch"][key], None, duplicate=True), None
+        existing = txn.get("records", key)
+        if existing is not None:
+            return AddResult(AddStatus.NOT_ADDED, self._decode(existing), None, duplicate=True), None
+        seq = st["seq"]
+        st["seq"] = seq + 1
+        object.__setattr__(rec, "seq", seq)  # rec is the private copy made by _prepare
+        try:
+            data = dumps(rec)
+        except CodecError as e:
+            raise InvalidRecordError(f"record {rec.id[:12]} cannot be encoded: {e}; nothing was written") from None
+        st["batch"][key] = rec
+        txn.put("records", key, data)
+        txn.put("index", b"s" + _u64(seq), key + b"\0" + rec.status.value.encode())
+        for parent in rec.parents:
+            txn.put("lineage", str(parent).encode() + b"/" + key, rec.operator.encode())
+        st["counts"][rec.status.value] = st["counts"].get(rec.status.value, 0) + 1
+        if rec.cell is None:
+            return AddResult(AddStatus.NOT_ADDED, rec, None), None
+        fit = float(rec.fitness)  # type: ignore[arg-type]
+        if math.isfinite(fit):
+            st["min"] = fit if st["min"] is None else min(st["min"], fit)
+        ck = _cell_key(rec.cell)
+        cur = txn.get("cells", ck)
+        previous = None
+        if cur is not None:
+            cid, cfit, _ = unpack_raw(cur)
+            prev_raw = st["batch"].get(cid.encode()) or self._cache.get(cid) or txn.get("records", cid.encode())
+            previous = prev_raw if isinstance(prev_raw, Record) else (
+                self._decode(prev_raw) if prev_raw is not None else None)
+            if not fit > cfit:
+                return AddResult(AddStatus.NOT_ADDED, rec, previous), None
+        txn.put("cells", ck, pack_raw([rec.id, fit, seq]))
+        status = AddStatus.NEW if cur is None else AddStatus.IMPROVED
+        return AddResult(status, rec, previous), (rec.cell, rec.id, fit, seq)
+
+    def _write_batch(self, prepared: list[Record]) -> list[AddResult]:
+        for attempt in range(_RETRIES):
+            try:
+                with self._store.transaction() as txn:
+                    seq0 = _read_u64(txn.get("header", _NEXT_SEQ))
+                    st: dict[str, Any] = {"seq": seq0, "counts": {}, "min": None, "batch": {}}
+                    out = [self._insert(txn, rec, st) for rec in prepared]
+                    if st["seq"] != seq0:
+                        txn.put("header", _NEXT_SEQ, _u64(st["seq"]))
+                        for status, n in st["counts"].items():
+                            k = b"count/" + status.encode()
+                            txn.put("header", k, _u64(_read_u64(txn.get("header", k)) + n))
+                        if st["min"] is not None:
+                            raw = txn.get("header", _MIN_FIT)
+                            if raw is None or st["min"] < struct.unpack(">d", raw)[0]:
+                                txn.put("header", _MIN_FIT, struct.pack(">d", st["min"]))
+                break
+            except TransactionConflict:
+                if attempt == _RETRIES - 1:
+                    raise
+        # keep the in-memory elite index in step when nobody else wrote in between
+        if self._token == seq0:
+            for _, change in out:
+                if change is not None:
+                    cell, gid, fit, seq = change
+                    self._elites[cell] = (gid, fit, seq)
+                    self._elite_list = None
+            self._token = st["seq"]
+        else:
+            self._token = None
+        for res, change in out:
+            if change is not None:
+                self._remember(res.record)
+        return [res for res, _ in out]
+
+    def add(self, record: Record) -> AddResult:
+        """Store a record (failures too) and place it in the grid if it is OK and wins its cell.
+
+        The archive sets ``seq``, ``cell`` and ``descriptors``. A record whose genome id is
+        already stored changes nothing and returns NOT_ADDED with ``duplicate=True``.
+
+        Raises:
+            InvalidRecordError: A descriptor is missing, NaN or not on its axis (nothing written).
+        """
+        self._writable()
+        return self._write_batch([self._prepare(record)])[0]
+
+    def add_many(self, records: Iterable[Record]) -> list[AddResult]:
+        """Add several records in one transaction (all or nothing); results in input order."""
+        self._writable()
+        prepared = [self._prepare(r) for r in records]
+        if not prepared:
+            return []
+        return self._write_batch(prepared)
+
+    def save_state(self, state: Mapping[str, Any]) -> None:
+        """Store the engine's state (plain data: dicts, lists, str, bytes, numbers of any size) for resuming."""
+        self._writable()
+        try:
+            data = pack_raw(_wrap_big(dict(state)))
+        except CodecError as e:
+            raise ArchiveError(f"engine state cannot be stored: {e}") from None
+        self._store.put("state", _STATE, data)
+
+    def load_state(self) -> dict[str, Any] | None:
+        """The engine state last saved, or None."""
+        raw = self._store.get("state", _STATE)
+        if raw is None:
+            return None
+        try:
+            state = unpack_raw(raw)
+        except CodecError as e:
+            if "newer" in str(e):
+                raise SchemaVersionError(f"{self._where}: {e}") from None
+            raise CorruptArchiveError(f"{self._where}: the saved engine state is damaged ({e})") from None
+        return dict(_unwrap_big(state))
+
+    # -- reads ---------------------------------------------------------------------
+
+    def _decode(self, raw: bytes) -> Record:
+        try:
+            rec = loads(raw)
+        except CodecError as e:
+            if "newer" in str(e):
+                raise SchemaVersionError(f"{self._where}: {e}") from None
+            raise CorruptArchiveError(f"{self._where}: a stored record cannot be decoded ({e})") from None
+        if not isinstance(rec, Record):
+            raise CorruptArchiveError(f"{self._where}: the records table holds a {type(rec).__name__}")
+        return rec
+
+    def _remember(self, rec: Record) -> None:
+        if len(self._cache) >= _CACHE_MAX:
+            self._cache.clear()
+        self._cache[rec.id] = rec
+
+    def get(self, genome_id: str) -> Record | None:
+        """The record stored under a genome id, or None."""
+        gid = getattr(genome_id, "id", genome_id)
+        rec = self._cache.get(gid)
+        if rec is not None:
+            return rec
+        raw = self._store.get("records", str(gid).encode())
+        if raw is None:
+            return None
+        rec = self._decode(raw)
+        self._remember(rec)
+        return rec
+
+    def resolve_id(self, prefix: str) -> str:
+        """The full genome id that starts with ``prefix``.
+
+        Raises:
+            ArchiveError: No id, or several ids, start with ``prefix``.
+        """
+        prefix = prefix.strip().lower()
+        if not prefix:
+            raise ArchiveError("empty genome id")
+        found: list[str] = []
+        for k, _ in self._store.scan("records", prefix.encode()):
+            found.append(k.decode())
+            if len(found) > 5:
+                break
+        if not found:
+            raise ArchiveError(f"no record id starts with {prefix!r} in {self._where}")
+        if len(found) > 1:
+            raise ArchiveError(f"id prefix {prefix!r} is ambiguous: {', '.join(f[:16] for f in found)}...; "
+                               "give more digits")
+        return found[0]
+
+    def __contains__(self, genome_id: object) -> bool:
+        gid = getattr(genome_id, "id", genome_id)
+        if not isinstance(gid, str) or not gid:
+            return False
+        return gid in self._cache or self._store.get("records", gid.encode()) is not None
+
+    def __len__(self) -> int:
+        return self._store.count("records")
+
+    def __iter__(self) -> Iterator[Record]:
+        return self.records()
+
+    def records(self, status: Status | str | None = None, start: int = 0) -> Iterator[Record]:
+        """Every record (or those with ``status``) with ``seq >= start``, in seq (insertion) order."""
+        want = None if status is None else Status(status).value.encode()
+        first = b"s" + _u64(max(start, 0))
+        for k, v in self._store.scan("index", b"s"):
+            if k < first:
+                continue
+            gid, _, st = v.partition(b"\0")
+            if want is not None and st != want:
+                continue
+            raw = self._store.get("records", gid)
+            if raw is None:
+                raise CorruptArchiveError(f"{self._where}: index names record {gid.decode()} which is missing")
+            yield self._decode(raw)
+
+    def _refresh(self) -> None:
+        token = _read_u64(self._store.get("header", _NEXT_SEQ))
+        if token == self._token:
+            return
+        elites: dict[tuple[int, ...], tuple[str, float, int]] = {}
+        for k, v in self._store.scan("cells"):
+            try:
+                gid, fit, seq = unpack_raw(v)
+            except (CodecError, ValueError) as e:
+                raise CorruptArchiveError(f"{self._where}: a grid cell is damaged ({e})") from None
+            elites[_cell_of_key(k)] = (gid, float(fit), int(seq))
+        self._elites = elites
+        self._elite_list = None
+        self._token = token
+
+    def _elite_entries(self) -> list[tuple[str, float, int]]:
+        self._refresh()
+        if self._elite_list is None:
+            self._elite_list = [self._elites[c] for c in sorted(self._elites)]
+        return self._elite_list
+
+    def _must_get(self, gid: str) -> Record:
+        rec = self.get(gid)
+        if rec is None:
+            raise CorruptArchiveError(f"{self._where}: a grid cell names record {gid} which is missing")
+        return rec
+
+    def elites(self) -> Iterator[Record]:
+        """The elite of every occupied cell, in cell order."""
+        for gid, _, _ in list(self._elite_entries()):
+            yield self._must_get(gid)
+
+    def elite(self, cell: Iterable[int]) -> Record | None:
+        """The elite of one cell, or None."""
+        self._refresh()
+        entry = self._elites.get(tuple(int(i) for i in cell))
+        return self._must_get(entry[0]) if entry else None
+
+    def sample_elites(self, n: int, rng: np.random.Generator) -> list[Record]:
+        """``n`` elites drawn uniformly with replacement (empty list when the grid is empty)."""
+        entries = self._elite_entries()
+        if not entries or n <= 0:
+            return []
+        idx = rng.integers(len(entries), size=n)
+        return [self._must_get(entries[int(i)][0]) for i in idx]
+
+    def best(self) -> Record | None:
+        """The OK record of highest fitness (earliest on ties), or None."""
+        entries = self._elite_entries()
+        if not entries:
+            return None
+        gid = max(entries, key=lambda e: (e[1], -e[2]))[0]
+        return self._must_get(gid)
+
+    @property
+    def axes(self) -> tuple[NumericAxis | CategoricalAxis, ...]:
+        """The descriptor axes of the grid."""
+        return self._axes
+
+    @property
+    def n_cells(self) -> int:
+        """Number of cells in the grid (1 with no descriptors)."""
+        return int(np.prod([a.size for a in self._axes])) if self._axes else 1
+
+    @property
+    def n_elites(self) -> int:
+        """Number of occupied cells."""
+        return len(self._elite_entries())
+
+    @property
+    def coverage(self) -> float:
+        """Fraction of cells occupied."""
+        return self.n_elites / self.n_cells
+
+    @property
+    def qd_score(self) -> float:
+        """``sum(fitness - min_fitness + 1)`` over elites (see the module docstring)."""
+        entries = self._elite_entries()
+        if not entries:
+            return 0.0
+        raw = self._store.get("header", _MIN_FIT)
+        low = struct.unpack(">d", raw)[0] if raw else min(e[1] for e in entries)
+        return float(sum(e[1] - low + 1.0 for e in entries))
+
+    def counts(self) -> dict[str, int]:
+        """Number of records by :class:`Status` value (every status present, zeros included)."""
+        return {s.value: _read_u64(self._store.get("header", b"count/" + s.value.encode())) for s in Status}
+
+    def lineage(self) -> Lineage:
+        """The parent -> child graph of every record."""
+        edges = []
+        for k, v in self._store.scan("lineage"):
+            parent, _, child = k.partition(b"/")
+            edges.append((parent.decode(), child.decode(), v.decode()))
+        return Lineage(edges, self.__contains__)
+
+    # -- lifetime --------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        """The underlying store."""
+        return self._store
+
+    def close(self) -> None:
+        """Close the store if this archive opened it."""
+        if self._owns:
+            self._store.close()
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Archive({self._where}, {len(self)} records, {self.n_elites}/{self.n_cells} cells)"
+
+
+def fork_archive(src: Archive | str | os.PathLike[str], dst: Store | str | os.PathLike[str] | None,
+                 problem: Problem, device: DeviceInfo | Mapping[str, Any] | None = None,
+                 batch: int = 1000) -> Archive:
+    """Copy the records and lessons of ``src`` into a new archive for ``problem``.
+
+    Records are re-added in their original order, so cells are recomputed under the new
+    problem's descriptors; an OK record whose descriptors do not fit the new axes is kept
+    without a cell (and logged). Engine state is not copied.
+
+    Raises:
+        ArchiveError: ``dst`` already holds records.
+    """
+    source = src if isinstance(src, Archive) else Archive.open_readonly(src)
+    out = Archive(problem, dst, device=device)
+    try:
+        if len(out):
+            raise ArchiveError(f"fork_archive: the destination {out._where} already holds {len(out)} records; "
+                               "give a new path")
+        pending: list[Record] = []
+        skipped = 0
+        for rec in source.records():
+            try:
+                pending.append(out._prepare(rec))
+            except InvalidRecordError as e:
+                skipped += 1
+                log.warning("fork_archive: %s", e)
+                pending.append(rec.replace(cell=None))
+            if len(pending) >= batch:
+                out._write_batch(pending)
+                pending = []
+        if pending:
+            out._write_batch(pending)
+        for lesson in source.lessons:
+            out.lessons.append(lesson)
+        if skipped:
+            log.warning("fork_archive: %d OK record(s) kept without a cell (descriptors outside the new axes)", skipped)
+    except BaseException:
+        out.close()
+        raise
+    finally:
+        if source is not src:
+            source.close()
+    return out

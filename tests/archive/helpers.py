@@ -1,0 +1,85 @@
+"""Shared builders for archive tests, importable from spawned processes.
+
+Run as ``python -m tests.archive.helpers writer PATH SIDEFILE SEED`` to start the
+crash-test writer: it adds records forever and appends each id to SIDEFILE (flushed and
+fsynced) only after ``add``/``add_many`` returned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+from evo.space import CategoricalAxis, Choice, IntRange, NumericAxis, ParamSpace
+from evo.types import Evaluation, Genome, Lesson, Problem, Record, Status
+
+
+def make_problem(name: str = "rmsnorm-test", descriptors: bool = True, **kw: Any) -> Problem:
+    axes = (NumericAxis("registers", 0, 256, 8, source="resources"),
+            CategoricalAxis("variant", ["a", "b"], source="params")) if descriptors else ()
+    return Problem(name=name, params=ParamSpace({"variant": Choice(["a", "b", "c"]), "threads": IntRange(32, 1024)}),
+                   check_shapes=({"N": 1},), descriptors=axes, objective="geomean_speed", **kw)
+
+
+def make_source(i: int, size: int = 0) -> str:
+    body = f'extern "C" __global__ void kernel(float* x) {{ x[threadIdx.x] = {i}.0f; }}\n'
+    if size > len(body):
+        pad = size - len(body)
+        body += "// " + ("pad " * (pad // 4 + 1))[:max(pad - 4, 0)] + "\n"
+    return body
+
+
+def make_record(i: int, *, variant: str = "a", registers: Any = 32, fitness: float | None = None,
+                status: Status = Status.OK, parents: tuple[str, ...] = (), operator: str = "seed",
+                size: int = 0, threads: int = 256) -> Record:
+    source = make_source(i, size)
+    g = Genome(source, {"variant": variant, "threads": threads})
+    if status is Status.OK:
+        ev = Evaluation(Status.OK, fitness=float(i) if fitness is None else fitness,
+                        metrics={"cases": {"N=1:float32": {"time_ms": 0.01 * (i + 1)}}},
+                        resources={"registers": registers})
+    else:
+        ev = Evaluation.failure(status, f"failed {i}")
+    sha = hashlib.sha256(source.encode()).hexdigest()
+    return Record(g, ev, parents=parents, operator=operator, meta={"sha": sha})
+
+
+def check_record(rec: Record) -> None:
+    """Raise AssertionError if the stored source does not match its checksum."""
+    assert hashlib.sha256(rec.genome.source.encode()).hexdigest() == rec.meta["sha"], rec.id
+
+
+def writer(path: str, side: str, seed: int) -> None:  # pragma: no cover - runs in a subprocess
+    from archive import Archive
+
+    rng = np.random.default_rng(seed)
+    problem = make_problem()
+    ar = Archive(problem, path)
+    print("ready", flush=True)
+    fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    i = seed * 1_000_000
+    while True:
+        k = int(rng.integers(1, 6))
+        recs = [make_record(i + j, variant=("a", "b")[int(rng.integers(2))], registers=int(rng.integers(0, 256)),
+                            fitness=float(rng.random()), size=int(rng.integers(100, 3000)),
+                            status=Status.OK if rng.random() < 0.8 else Status.COMPILE_ERROR)
+                for j in range(k)]
+        i += k
+        if k == 1:
+            ar.add(recs[0])
+        else:
+            ar.add_many(recs)
+        if rng.random() < 0.2:
+            ar.lessons.append(Lesson("seed", recs[0].id, "x", "no_gain"))
+            ar.save_state({"i": i})
+        os.write(fd, "".join(r.id + "\n" for r in recs).encode())
+        os.fsync(fd)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if sys.argv[1] == "writer":
+        writer(sys.argv[2], sys.argv[3], int(sys.argv[4]))

@@ -1,0 +1,115 @@
+"""Core value types: genome identity, evaluation rules, records, problems."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from evo.space import CategoricalAxis, Choice, NumericAxis, ParamSpace, SpaceError
+from evo.types import Evaluation, Genome, Lesson, Problem, Record, Status, normalize_source
+
+SRC = """
+// rmsnorm
+extern "C" __global__ void kernel(float* y, const float* x, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;   /* index */
+    if (i < n) { asm volatile("add.f32 %0, %1, %2;" : "=f"(y[i]) : "f"(x[i]), "f"(1.0f)); }
+}
+"""
+
+
+def test_id_ignores_whitespace_and_comments() -> None:
+    a = Genome(SRC, {"threads": 256})
+    relaid = SRC.replace("    ", "\t").replace("// rmsnorm", "// other comment").replace("/* index */", "")
+    relaid = relaid.replace("i < n", "i<n").replace(") {", "){")
+    b = Genome(relaid + "\n\n", {"threads": 256})
+    assert a.id == b.id and a == b and hash(a) == hash(b) and len(a.id) == 32
+
+
+def test_id_sees_code_params_entry_language() -> None:
+    base = Genome(SRC, {"threads": 256})
+    assert Genome(SRC, {"threads": 512}).id != base.id
+    assert Genome(SRC, {"threads": 256, "vec": 4}).id != base.id
+    assert Genome(SRC, {"threads": "256"}).id != base.id  # types matter
+    assert Genome(SRC.replace("1.0f", "2.0f"), {"threads": 256}).id != base.id
+    assert Genome(SRC.replace('"add.f32 %0', '"add.f32  %0'), {"threads": 256}).id == base.id  # PTX spacing
+    assert Genome(SRC.replace("add.f32", "sub.f32"), {"threads": 256}).id != base.id  # inside the literal
+    assert Genome(SRC, {"threads": 256}, entry="other").id != base.id
+    assert Genome(SRC, {"b": 1, "a": 2}).id == Genome(SRC, {"a": 2, "b": 1}).id  # key order does not
+
+
+def test_genome_is_immutable_and_validated() -> None:
+    g = Genome(SRC, {"tile": [1, 2], "opt": {"x": 1}})
+    with pytest.raises(AttributeError):
+        g.source = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        g.params["tile"] = 3  # type: ignore[index]
+    assert g.params["tile"] == (1, 2)
+    with pytest.raises(ValueError):
+        Genome(SRC, entry="not an identifier")
+    with pytest.raises(ValueError):
+        Genome(SRC, language="python")
+    with pytest.raises(TypeError):
+        Genome(b"bytes")  # type: ignore[arg-type]
+    assert g.with_params(opt=2).params["opt"] == 2 and g.params["opt"]["x"] == 1
+    assert Genome(SRC, {"flag": True, "n": 3}).defines() == ["-Dflag=1", "-Dn=3"]
+
+
+def test_normalize_keeps_string_literals() -> None:
+    assert normalize_source('a  =  "x  y" ;') == 'a="x y";'
+    assert normalize_source("a /* c */ + // d\n b") == "a+b"
+
+
+def test_evaluation_rules() -> None:
+    with pytest.raises(ValueError):
+        Evaluation(Status.OK)
+    with pytest.raises(ValueError):
+        Evaluation(Status.OK, fitness=math.nan)
+    assert Evaluation("ok", fitness=1).status is Status.OK  # type: ignore[arg-type]
+    assert Evaluation(Status.OK, fitness=math.inf).ok
+    f = Evaluation.failure(Status.COMPILE_ERROR, "error: x", artifacts={"compile_log": "log"})
+    assert not f.ok and f.reason == "error: x" and f.fitness is None
+    assert str(Status.TIMEOUT) == "timeout"
+
+
+def test_record_and_lesson() -> None:
+    g = Genome(SRC)
+    r = Record(g, Evaluation(Status.OK, fitness=2.0), parents=["p"], cell=[1, 2])  # type: ignore[arg-type]
+    assert r.parents == ("p",) and r.cell == (1, 2) and r.id == g.id and r.fitness == 2.0
+    assert Record.from_dict(r.to_dict()) == r
+    le = Lesson("mutate", "c", "threads 256->512", "improved", parent_id="p", delta=0.05)
+    assert "+5.0%" in le.summary() and Lesson.from_dict(le.to_dict()) == le
+
+
+def _problem(**kw: object) -> Problem:
+    return Problem(name="p", params=ParamSpace({"variant": Choice(["a", "b"])}), check_shapes=({"N": 1},),
+                   descriptors=(NumericAxis("registers", 0, 256, 8, source="resources"),
+                                CategoricalAxis("variant", ["a", "b"], source="params")),
+                   objective="geomean_speed", **kw)  # type: ignore[arg-type]
+
+
+def test_problem_fingerprint_and_diff() -> None:
+    p = _problem()
+    assert p.validate(needs_gpu_contract=False) is p
+    assert p.fingerprint() == _problem().fingerprint()
+    q = _problem(target="sm_80")
+    assert q.fingerprint() != p.fingerprint() and q.diff(p.describe()) == ["target"]
+    with pytest.raises(Exception, match="target"):
+        _problem(target="sm_12").validate(needs_gpu_contract=False)
+
+
+def test_descriptor_values_and_axes() -> None:
+    p = _problem()
+    g = Genome(SRC, {"variant": "b"})
+    ev = Evaluation(Status.OK, fitness=1.0, resources={"registers": 40})
+    vals = p.descriptor_values(g, ev)
+    assert vals == {"registers": 40, "variant": "b"}
+    assert [a.index(vals[a.name]) for a in p.descriptors] == [1, 1]
+    ax = p.descriptors[0]
+    assert ax.index(-5) == 0 and ax.index(1e9) == 7
+    with pytest.raises(SpaceError):
+        ax.index(math.nan)
+    with pytest.raises(SpaceError):
+        p.descriptors[1].index("c")
+    with pytest.raises(SpaceError):
+        p.descriptor_values(g, Evaluation(Status.OK, fitness=1.0))
