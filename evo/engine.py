@@ -120,6 +120,10 @@ class EngineConfig:
         max_executor_errors: Consecutive executor exceptions (harness faults, not
             candidate faults) after which ``run`` stops with :class:`EngineError`.
         progress_interval: Seconds between progress lines and log lines.
+        executor: Backend used when no evaluator is given: ``"local"`` (one isolated
+            worker per visible GPU on this host) or ``"ray"`` (Ray actors across hosts).
+        ray_address: Address of the Ray cluster for ``executor="ray"`` (``"auto"``, or
+            ``None`` for a local cluster).
     """
 
     islands: int = 2
@@ -138,6 +142,8 @@ class EngineConfig:
     max_attempts: int = 8
     max_executor_errors: int = 5
     progress_interval: float = 5.0
+    executor: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         errs = []
@@ -157,6 +163,8 @@ class EngineConfig:
             errs.append(f"dollars_per_unit={self.dollars_per_unit} must be > 0")
         if self.max_attempts < 1:
             errs.append(f"max_attempts={self.max_attempts} must be >= 1")
+        if self.executor not in ("local", "ray"):
+            errs.append(f"executor={self.executor!r} must be 'local' or 'ray'")
         if errs:
             raise ValueError("EngineConfig: " + "; ".join(errs))
 
@@ -825,6 +833,7 @@ class Engine:
     def _operator_failed(self, plan: _Plan, exc: BaseException) -> None:
         with self._lock:
             self._stats["operator_errors"] += 1
+            self._cost += _cost_of(getattr(exc, "meta", None) or {})  # a rejected LLM answer was still paid for
             parent = plan.parents[0].id if plan.parents else None
             self.archive.lessons.append(Lesson(operator=plan.operator.name, child_id="", change="(no child)",
                                                outcome="operator_error", parent_id=parent,
@@ -857,9 +866,10 @@ class Engine:
 
     def _ensure_evaluator(self) -> Any:
         if self.evaluator is None:
-            import fitness
+            from fitness.ray import make_executor
 
-            self.evaluator = fitness.Evaluator(self.problem)
+            kw = {"ray_address": self.config.ray_address} if self.config.executor == "ray" else {}
+            self.evaluator = make_executor(self.config.executor, self.problem, **kw)
             self._owns_evaluator = True
         return self.evaluator
 
