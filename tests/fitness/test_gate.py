@@ -1,0 +1,455 @@
+"""The correctness gate and the timing stage.
+
+CPU tests drive the real stages through a numpy :class:`Backend` whose "kernels" are
+Python functions acting on the harness's own buffers (cheats included); GPU tests run
+the same stages on cupy with nvcc-compiled cubins.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evo.types import Case, DeviceInfo, Genome, Launch, ProblemError, Status
+from fitness._device import (
+    BACKEND_KEY,
+    Backend,
+    GuardedBuffer,
+    KernelHandle,
+    LaunchConfigError,
+    allocate_buffers,
+    gpu_available,
+    make_canary,
+    validate_launch,
+)
+from fitness._dtypes import from_storage, to_storage
+from fitness._gate import (
+    Correctness,
+    Timing,
+    aggregate_fitness,
+    compare,
+    derive_seed,
+    format_mismatch,
+    geomean,
+    timing_summary,
+)
+from fitness._stage import Job, StageContext
+from tests.fitness.adversarial import problem as rp
+
+CPU_DEVICE = DeviceInfo("cpu-standin", "0.0", sm_count=1, l2_bytes=1 << 16, shared_per_block_optin=48 * 1024,
+                        copy_gbps=10.0)
+
+
+# --------------------------------------------------------------------------- numpy backend
+
+
+class NumpyBackend(Backend):
+    """Runs Python "kernels" ``fn(launch, args, state)`` on numpy buffers."""
+
+    xp = np
+
+    def __init__(self, kernels, max_threads: int = 1024):
+        self.kernels = kernels
+        self.max_threads = max_threads
+        self.state: dict = {}
+        self.launches = 0
+
+    def device_info(self, scratch):
+        return CPU_DEVICE
+
+    def load(self, job, scratch):
+        if job.genome.entry not in self.kernels:
+            raise LaunchConfigError(f"the kernel entry point {job.genome.entry!r} was not found in the cubin")
+        return KernelHandle(self.kernels[job.genome.entry], job.genome.entry, max_threads=self.max_threads)
+
+    def launch(self, kernel, launch, args, device):
+        validate_launch(kernel, launch, device)
+        self.launches += 1
+        kernel.function(launch, args, self.state)
+
+    def event(self):
+        return time.perf_counter()
+
+    def elapsed_ms(self, start, end):
+        return (end - start) * 1e3
+
+
+def _rowscale(args):
+    x, w, y, m, n, eps, bf16 = args
+    m, n = int(m), int(n)
+    dtype = "bfloat16" if int(bf16) else "float32"
+    xf = from_storage(x, dtype, np).reshape(m, n).astype(np.float32)
+    r = (1.0 / np.sqrt(np.mean(xf.astype(np.float64) ** 2, axis=1) + float(eps))).astype(np.float32)
+    return to_storage((xf * r[:, None] * w[None, :]).reshape(-1), dtype, np), dtype
+
+
+def k_good(launch, args, state):
+    out, _ = _rowscale(args)
+    args[2][...] = out
+
+
+def k_noop(launch, args, state):
+    pass
+
+
+def k_zeros(launch, args, state):
+    args[2][...] = 0
+
+
+def k_partial(launch, args, state):
+    out, _ = _rowscale(args)
+    n = int(args[4])
+    y = args[2].reshape(-1, n)
+    y[:, : n // 2] = out.reshape(-1, n)[:, : n // 2]
+
+
+def k_mutate(launch, args, state):
+    k_good(launch, args, state)
+    args[0][:1] = 0
+
+
+def k_oob_after(launch, args, state):
+    k_good(launch, args, state)
+    y = args[2]
+    past = np.lib.stride_tricks.as_strided(y, shape=(y.size + 16,), strides=y.strides, writeable=True)
+    past[-1] = 1
+
+
+def k_oob_before(launch, args, state):
+    k_good(launch, args, state)
+    y = args[2]
+    raw = y.base if y.base is not None else y
+    while getattr(raw, "base", None) is not None:
+        raw = raw.base
+    raw[GUARD_OFFSET - 3] ^= 0xFF  # 3 bytes before the start of y
+
+
+def k_nondeterministic(launch, args, state):
+    k_good(launch, args, state)
+    state["calls"] = state.get("calls", 0) + 1
+    if state["calls"] % 2 == 0:
+        bits = args[2].view(np.uint32 if args[2].itemsize == 4 else np.uint16)
+        bits[-1] ^= 1  # one low bit, far inside the tolerance
+
+
+def k_cache(launch, args, state):
+    # computes for the first 40 launches, then "replays" (leaves y alone)
+    state["calls"] = state.get("calls", 0) + 1
+    if state["calls"] <= 40:
+        k_good(launch, args, state)
+
+
+def k_half(launch, args, state):
+    x = args[0]
+    if x.dtype == np.float32:
+        saved = x.copy()
+        x[...] = x.astype(np.float16).astype(np.float32)
+        k_good(launch, args, state)
+        x[...] = saved
+    else:
+        k_good(launch, args, state)
+
+
+KERNELS = {f.__name__[2:]: f for f in (k_good, k_noop, k_zeros, k_partial, k_mutate, k_oob_after, k_oob_before,
+                                         k_nondeterministic, k_cache, k_half)}
+GUARD_OFFSET = 64 * 1024
+
+
+def small_problem(**kw):
+    kw.setdefault("check_shapes", rp.CHECK_SHAPES)
+    kw.setdefault("timed_shapes", ({"M": 64, "N": 256},))
+    return rp.make_problem(**kw)
+
+
+def run_stage(stage, entry, problem=None, seed=1234, backend=None, options=None):
+    backend = backend or NumpyBackend(KERNELS)
+    problem = problem or small_problem()
+    job = Job(Genome("// python stand-in", {"THREADS": 256}, entry=entry), problem, {"cubin": b""})
+    ctx = StageContext(device=CPU_DEVICE, seed=seed, scratch={BACKEND_KEY: backend},
+                       options=options or {"warmup_ms": 1.0, "min_batch_ms": 0.5, "timing_target_ms": 5.0})
+    return stage.run(job, ctx), backend
+
+
+# --------------------------------------------------------------------------- correctness on the CPU
+
+
+def test_good_kernel_passes_the_gate():
+    res, backend = run_stage(Correctness(), "good")
+    assert res.ok, res.artifacts
+    n_cases = len(small_problem().check_cases())
+    assert res.metrics["correctness"]["cases"] == n_cases
+    assert backend.launches == 2 * n_cases  # every case run twice (determinism)
+    assert 0 <= res.metrics["correctness"]["worst_error_ratio"] < 1
+
+
+@pytest.mark.parametrize("entry, needle", [
+    ("noop", "non-finite"),
+    ("zeros", "rel error 1 >"),
+    ("partial", "rows affected"),
+    ("mutate", "modified its input 'x'"),
+    ("oob_after", "out-of-bounds write after buffer 'y'"),
+    ("oob_before", "out-of-bounds write before buffer 'y': 1 guard bytes changed, 3 to 3 bytes before its start"),
+    ("nondeterministic", "not deterministic"),
+    ("half", "rel error"),
+])
+def test_cheats_are_incorrect(entry, needle):
+    res, _ = run_stage(Correctness(), entry)
+    assert not res.ok and res.status is Status.INCORRECT
+    assert needle in res.artifacts["mismatch"], res.artifacts["mismatch"]
+    assert needle in res.artifacts["mismatch"] and res.artifacts["reason"]
+
+
+def test_mismatch_report_is_short_and_names_the_case():
+    res, _ = run_stage(Correctness(), "partial")
+    text = res.artifacts["mismatch"]
+    assert text.startswith("case M=1,N=1024:float32, output 'y'")
+    assert "got nan, expected" in text and "(row 0, col 512)" in text
+    assert len(text.splitlines()) <= 6 and len(text) < 1200
+
+
+def test_launch_config_error_is_runtime_error():
+    res, _ = run_stage(Correctness(), "good", backend=NumpyBackend(KERNELS, max_threads=128))
+    assert res.status is Status.RUNTIME_ERROR
+    assert "256 threads" in res.artifacts["reason"] and "at most 128" in res.artifacts["reason"]
+    res, _ = run_stage(Correctness(), "missing_entry")
+    assert res.status is Status.RUNTIME_ERROR and "not found" in res.artifacts["reason"]
+
+
+def test_inputs_come_from_the_secret_seed():
+    seen = {}
+
+    def k_spy(launch, args, state):
+        seen.setdefault(state["seed"], args[0].copy())
+        k_good(launch, args, state)
+
+    for seed in (1, 2):
+        b = NumpyBackend({"spy": k_spy})
+        b.state["seed"] = seed
+        res, _ = run_stage(Correctness(), "spy", seed=seed, backend=b)
+        assert res.ok
+    assert not np.array_equal(seen[1], seen[2])
+    b = NumpyBackend({"spy": k_spy})
+    b.state["seed"] = 3
+    run_stage(Correctness(), "spy", seed=1, backend=b)
+    assert np.array_equal(seen[3], seen[1])  # same secret seed -> same inputs
+
+
+def test_problem_errors_are_raised_not_blamed_on_the_genome():
+    def bad_inputs(case, rng, xp):
+        return {"x": xp.zeros(3, dtype=xp.float32)}
+
+    p = small_problem()
+    import dataclasses
+    p = dataclasses.replace(p, make_inputs=bad_inputs)
+    with pytest.raises(ProblemError, match="make_inputs"):
+        run_stage(Correctness(), "good", problem=p)
+
+
+# --------------------------------------------------------------------------- timing on the CPU
+
+
+def test_timing_scores_a_good_kernel():
+    res, backend = run_stage(Timing(), "good")
+    assert res.ok, res.artifacts
+    case = res.metrics["cases"]["M=64,N=256:float32"]
+    assert case["time_ms"] > 0 and case["spread"] >= 0 and case["batches"] >= 10
+    assert case["sets"] >= 2 and case["launches_per_batch"] % case["sets"] == 0
+    assert case["gbps"] == pytest.approx(rp.bytes_moved(Case.from_key("M=64,N=256:float32")) / case["time_ms"] / 1e6)
+    assert case["fraction"] == pytest.approx(case["gbps"] / CPU_DEVICE.copy_gbps)
+    assert res.fitness == pytest.approx(res.metrics["fraction"])
+    assert set(res.metrics["cases"]) == {"M=64,N=256:float32", "M=64,N=256:bfloat16"}
+
+
+def test_timing_catches_a_result_cache():
+    # passes correctness (fewer than 40 launches) but stops computing during warm-up
+    res, _ = run_stage(Correctness(), "cache", problem=small_problem(check_shapes=rp.CHECK_SHAPES[:2]))
+    assert res.ok
+    res, _ = run_stage(Timing(), "cache")
+    assert res.status is Status.INCORRECT and "timed launches" in res.artifacts["mismatch"]
+
+
+def test_timing_catches_out_of_bounds_writes():
+    res, _ = run_stage(Timing(), "oob_after")
+    assert res.status is Status.INCORRECT and "out-of-bounds" in res.artifacts["mismatch"]
+
+
+def test_timing_options_fix_the_batch_count():
+    res, _ = run_stage(Timing(), "good", options={"timing_batches": 12, "warmup_ms": 0.5, "min_batch_ms": 0.1})
+    assert all(c["batches"] == 12 for c in res.metrics["cases"].values())
+
+
+def test_timing_speed_objective_and_callable():
+    res, _ = run_stage(Timing(), "good", problem=small_problem(objective="geomean_speed"))
+    assert res.fitness == pytest.approx(1.0 / res.metrics["time_ms_geomean"])
+    res, _ = run_stage(Timing(), "good", problem=small_problem(objective=_objective))
+    assert res.fitness == 42.0
+
+
+def _objective(metrics):
+    return 42.0 if "cases" in metrics else 0.0
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def test_compare_counts_rows_and_nonfinite():
+    ref = np.ones((4, 5), dtype=np.float32)
+    out = ref.copy()
+    out[1, 2] = np.nan
+    out[3, 0] = 2.0
+    c = compare("y", out, ref, 1e-3, np, row_len=5, chunk=3)
+    assert c.nonfinite == 1 and c.bad == 2 and c.rows_bad == 2 and c.first_bad_rows == [1, 3]
+    assert not c.ok and math.isinf(c.rel_error)
+    assert [i for i, _, _ in c.first_bad] == [7, 15]
+    text = format_mismatch(Case({"M": 4, "N": 5}, "float32"), c)
+    assert "y[7] (row 1, col 2): got nan, expected 1" in text
+
+
+def test_compare_relative_error_in_float64():
+    ref = np.full(1000, 1e-3, dtype=np.float32)
+    out = ref * np.float32(1 + 2e-6)
+    c = compare("y", out, ref, 1e-5, np)
+    assert c.ok and c.rel_error == pytest.approx(2e-6, rel=0.05)
+    zero = compare("y", np.zeros(3), np.zeros(3), 0.0, np)
+    assert zero.ok and zero.rel_error == 0.0
+    nan_ref = compare("y", np.array([np.nan, 1.0]), np.array([np.nan, 1.0]), 0.0, np)
+    assert nan_ref.ok
+    assert not compare("y", np.array([0.0, 1.0]), np.array([np.nan, 1.0]), 0.0, np).ok
+
+
+def test_guarded_buffer_layout_and_checks():
+    from evo.types import ArgSpec
+
+    canary = make_canary(7, 256, np)
+    assert len(np.unique(canary)) > 100
+    bufs = allocate_buffers([ArgSpec("a", 10, "bfloat16"), ArgSpec("b", 3, "float32", "out")], canary, np, guard=256)
+    a = bufs["a"]
+    assert isinstance(a, GuardedBuffer) and a.array.dtype == np.uint16 and a.array.size == 10
+    a.array[...] = 0xFFFF
+    assert a.check(np) is None
+    a.raw[256 + 20] ^= 1  # first byte after the data
+    assert "1 guard bytes changed, 0 to 0 bytes past its end" in a.check(np)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        allocate_buffers([ArgSpec("a", 1, "float32")], canary, np, guard=100)
+
+
+def test_validate_launch_messages():
+    k = KernelHandle(None, "k", max_threads=256, static_shared=1024, registers=128)
+    validate_launch(k, Launch((4, 1, 1), (256, 1, 1)), CPU_DEVICE)
+    with pytest.raises(LaunchConfigError, match="at most 256 .*128 registers"):
+        validate_launch(k, Launch((4, 1, 1), (512, 1, 1)), CPU_DEVICE)
+    with pytest.raises(LaunchConfigError, match="shared memory"):
+        validate_launch(k, Launch((4, 1, 1), (32, 1, 1), shared_mem=48 * 1024), CPU_DEVICE)
+    with pytest.raises(LaunchConfigError, match="declares none: add __cluster_dims__"):
+        validate_launch(k, Launch((4, 1, 1), (32, 1, 1), cluster=(2, 1, 1)), CPU_DEVICE)
+    kc = KernelHandle(None, "k", cluster=(1, 8, 1))
+    validate_launch(kc, Launch((4, 16, 1), (32, 1, 1)), CPU_DEVICE)
+    with pytest.raises(LaunchConfigError, match="whole number of clusters"):
+        validate_launch(kc, Launch((4, 12, 1), (32, 1, 1)), CPU_DEVICE)
+
+
+def test_aggregation_helpers():
+    assert geomean([1.0, 4.0]) == pytest.approx(2.0)
+    assert geomean([0.0, 4.0]) == 0.0 and math.isnan(geomean([]))
+    med, spread = timing_summary([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert med == 3.0 and spread == pytest.approx(2.0 / 3.0)
+    metrics = {"cases": {"a": {"time_ms": 2.0, "fraction": 0.5}, "b": {"time_ms": 8.0, "fraction": 0.8}}}
+    assert aggregate_fitness("geomean_fraction", metrics) == pytest.approx(math.sqrt(0.4))
+    assert aggregate_fitness("geomean_speed", metrics) == pytest.approx(0.25)
+    with pytest.raises(ProblemError):
+        aggregate_fitness("geomean_fraction", {"cases": {"a": {"time_ms": 1.0, "fraction": None}}})
+    assert derive_seed(1, 0, "check") != derive_seed(1, 1, "check") != derive_seed(2, 0, "check")
+    assert 0 <= derive_seed(2**70, "x") < 2**63
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+KERNEL_DIR = Path(rp.__file__).with_name("kernels")
+
+
+def _cubin(tmp_path, name, threads=256):
+    out = tmp_path / f"{name}.cubin"
+    subprocess.run([shutil.which("nvcc") or "nvcc", "-cubin", "-arch=sm_90a", "-O3", f"-DTHREADS={threads}",
+                    "-o", str(out), str(KERNEL_DIR / f"{name}.cu")], check=True, capture_output=True, timeout=300)
+    return out.read_bytes()
+
+
+def _gpu_job(tmp_path, name, threads=256, problem=None):
+    return Job(rp.genome(name, threads), problem or rp.problem(), {"cubin": _cubin(tmp_path, name, threads)})
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_init_device_measures_bandwidth():
+    from fitness._device import init_device
+
+    scratch: dict = {}
+    info = init_device(scratch)
+    assert info.compute_capability.count(".") == 1 and info.sm_count > 0 and info.l2_bytes > 0
+    assert info.copy_gbps > 100 and info.shared_per_block_optin >= 48 * 1024
+    assert init_device(scratch) is info  # cached
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_baseline_passes_and_is_timed(tmp_path):
+    from fitness._device import init_device
+
+    scratch: dict = {}
+    device = init_device(scratch)
+    job = _gpu_job(tmp_path, "baseline")
+    ctx = StageContext(device=device, seed=99, scratch=scratch, options={})
+    res = Correctness().run(job, ctx)
+    assert res.ok, res.artifacts
+    res = Timing().run(job, ctx)
+    assert res.ok, res.artifacts
+    for c in res.metrics["cases"].values():
+        assert 0.05 < c["fraction"] < 1.5 and c["spread"] < 0.2
+    assert res.fitness == pytest.approx(res.metrics["fraction"])
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("name", ["noop", "zeros", "nan", "mutate_input", "partial", "fixed_shape", "oob_write",
+                                  "half_precision", "racy"])
+def test_gpu_cheats_fail_the_gate(tmp_path, name):
+    from fitness._device import init_device
+
+    scratch: dict = {}
+    ctx = StageContext(device=init_device(scratch), seed=5, scratch=scratch, options={})
+    res = Correctness().run(_gpu_job(tmp_path, name), ctx)
+    assert res.status is Status.INCORRECT, res.artifacts
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_result_cache_caught_by_timing(tmp_path):
+    from fitness._device import init_device
+
+    scratch: dict = {}
+    ctx = StageContext(device=init_device(scratch), seed=5, scratch=scratch, options={})
+    job = _gpu_job(tmp_path, "result_cache")
+    assert Correctness().run(job, ctx).ok
+    res = Timing().run(job, ctx)
+    assert res.status is Status.INCORRECT and "timed launches" in res.artifacts["mismatch"]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_block_too_big_for_registers_is_runtime_error(tmp_path):
+    from fitness._device import init_device
+
+    scratch: dict = {}
+    ctx = StageContext(device=init_device(scratch), seed=5, scratch=scratch, options={})
+    # compiled for 64 threads (__launch_bounds__(64)) but launched with 1024
+    job = Job(rp.genome("baseline", 1024), rp.problem(), {"cubin": _cubin(tmp_path, "baseline", threads=64)})
+    res = Correctness().run(job, ctx)
+    assert res.status is Status.RUNTIME_ERROR, res.artifacts
