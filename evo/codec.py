@@ -41,7 +41,7 @@ def _default(obj: Any) -> Any:
         return list(obj)
     if hasattr(obj, "keys") and hasattr(obj, "__getitem__"):  # MappingProxyType
         return {k: obj[k] for k in obj.keys()}
-    if hasattr(obj, "value") and isinstance(getattr(obj, "value"), str):  # enums
+    if hasattr(obj, "value") and isinstance(obj.value, str):  # enums
         return obj.value
     raise TypeError(f"cannot encode {type(obj).__name__}")
 

@@ -1,0 +1,231 @@
+"""RMSNorm forward on Hopper: our best genomes against the peers, side by side.
+
+Providers: the exported best genomes (``--module`` from ``examples/rmsnorm_h100.py``, or
+``--archive`` exported on the fly), torch.nn.functional.rms_norm, torch.compile of it
+(static shapes), Liger-Kernel's RMSNorm, QuACK's ``rmsnorm_fwd`` and ``rmsnorm_fwd_tuned``.
+Cases: the 11 standard shapes x bfloat16, float16, float32.
+
+Timing, the same for every provider: L2-cold input rotation (enough input sets that one
+round exceeds 3x L2), warm-up, then CUDA-graph replays of one round-robin batch (events
+around each replay when capture fails); the median over replays is reported with its
+spread (max-min over median). TB/s uses 2*M*N*elem + 4*N bytes; "% copy" is against a
+device-to-device copy timed the same way in the same run. A provider that fails on a case
+is shown as FAILED with the error class. Results go to benchmarks/RESULTS.md.
+
+    python benchmarks/rmsnorm_peers.py --module runs/rmsnorm_h100.dispatch.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import platform
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHAPES = [(32768, n) for n in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)] + [
+    (16384, 131072), (8192, 262144)]
+DTYPES = ("bfloat16", "float16", "float32")
+EPS = 1e-6
+
+
+def bench(make_call: Callable[[Any, Any], Callable[[], Any]], xs: list[Any], w: Any, replays: int = 10,
+          batch: int = 20) -> tuple[float, float]:
+    """(median ms per call, relative spread) over ``replays`` graph replays of ``batch`` rotated calls."""
+    import torch
+
+    calls = [make_call(xs[i % len(xs)], w) for i in range(batch)]
+    for c in calls[: min(batch, 3 * len(xs))]:
+        c()
+    torch.cuda.synchronize()
+    graph = None
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for c in calls[:2]:
+                c()
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for c in calls:
+                c()
+        graph.replay()
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - not capturable: fall back to events around eager batches
+        graph = None
+        torch.cuda.synchronize()
+
+    def once() -> None:
+        if graph is not None:
+            graph.replay()
+        else:
+            for c in calls:
+                c()
+
+    once()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        once()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / batch)
+    med = statistics.median(times)
+    return med, (max(times) - min(times)) / med
+
+
+def providers(module: Any | None) -> dict[str, Callable[[Any, Any], Callable[[], Any]]]:
+    """name -> make_call(x, w) -> zero-argument call. Missing packages give a raising factory."""
+    import torch
+    import torch.nn.functional as F
+
+    out: dict[str, Callable[[Any, Any], Callable[[], Any]]] = {}
+
+    def missing(exc: BaseException) -> Callable[[Any, Any], Callable[[], Any]]:
+        def f(x: Any, w: Any) -> Callable[[], Any]:
+            raise exc
+        return f
+
+    if module is not None:
+        dt = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+        def evo_call(x: Any, w: Any) -> Callable[[], Any]:
+            import cupy
+
+            y = torch.empty_like(x)
+            shape = {"M": x.shape[0], "N": x.shape[1]}
+            cx, cw, cy = cupy.asarray(x), cupy.asarray(w), cupy.asarray(y)
+
+            def call() -> None:
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                    module.run(cx, cw, cy, shape=shape, dtype=dt[x.dtype])
+            return call
+        out["evo (ours)"] = evo_call
+
+    def eager(x: Any, w: Any) -> Any:
+        return F.rms_norm(x, (x.shape[-1],), w.to(x.dtype), eps=EPS)
+
+    out["torch"] = lambda x, w: (lambda: eager(x, w))
+    compiled = torch.compile(eager, dynamic=False)
+    out["torch.compile"] = lambda x, w: (lambda: compiled(x, w))
+    try:
+        liger = importlib.import_module("liger_kernel.transformers.rms_norm")
+
+        def liger_call(x: Any, w: Any) -> Callable[[], Any]:
+            mod = liger.LigerRMSNorm(x.shape[-1], eps=EPS).to(x.device, x.dtype)
+            with torch.no_grad():
+                mod.weight.copy_(w.to(x.dtype))
+            return lambda: mod(x)
+        out["liger"] = liger_call
+    except Exception as e:  # noqa: BLE001
+        out["liger"] = missing(e)
+    try:
+        quack = importlib.import_module("quack.rmsnorm")
+        out["quack"] = lambda x, w: (lambda: quack.rmsnorm_fwd(x, w, eps=EPS))
+        tuned = getattr(quack, "rmsnorm_fwd_tuned", None)
+        if tuned is None:
+            raise AttributeError("quack.rmsnorm has no rmsnorm_fwd_tuned")
+        out["quack tuned"] = lambda x, w: (lambda: tuned(x, w, eps=EPS))
+    except Exception as e:  # noqa: BLE001
+        out.setdefault("quack", missing(e))
+        out["quack tuned"] = missing(e)
+    return out
+
+
+def load_module(args: argparse.Namespace) -> Any | None:
+    path = args.module
+    if path is None and args.archive:
+        from archive import Archive
+        from evo.export import export_module
+        from examples.rmsnorm_problem import make_forward_problem
+
+        prob = make_forward_problem()
+        arch = Archive(prob, args.archive)
+        try:
+            path = export_module(arch, prob, Path(args.archive).with_suffix(".dispatch.py"))
+        finally:
+            arch.close()
+    if path is None:
+        return None
+    spec = importlib.util.spec_from_file_location("evo_rmsnorm_dispatch", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="RMSNorm forward peers benchmark (H100/H200)")
+    ap.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py")
+    ap.add_argument("--archive", help="archive to export the best genomes from (if no --module)")
+    ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("rmsnorm_peers: no CUDA device", file=sys.stderr)
+        return 2
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    module = load_module(args)
+    provs = providers(module)
+    shapes = SHAPES if args.shapes == "all" else [s for s in SHAPES if str(s[1]) in args.shapes.split(",")]
+
+    # copy ceiling, same method: 2 GiB device-to-device
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy_ms, _ = bench(lambda a, b: (lambda: dst.copy_(a)), [src], None)
+    copy_tbs = 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e12
+    src = dst = None  # free the copy buffers
+
+    lines = [f"# RMSNorm forward peers ({datetime.date.today().isoformat()})", "",
+             f"Machine: {props.name}, {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB; host "
+             f"{platform.node()}; torch {torch.__version__}; python {platform.python_version()}.",
+             f"Copy ceiling (D2D, same method): {copy_tbs:.3f} TB/s. Cells: ms / TB/s / % of copy; "
+             "median of 10 CUDA-graph replays of 20 L2-cold rotated calls.", ""]
+    names = list(provs)
+    lines.append("| case | " + " | ".join(names) + " |")
+    lines.append("|---" * (len(names) + 1) + "|")
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    for dtype in DTYPES:
+        for m, n in shapes:
+            elem = torch.finfo(tdt[dtype]).bits // 8
+            one = m * n * elem
+            free = torch.cuda.mem_get_info()[0]
+            sets = max(2, min(16, -(-3 * l2 // one), int(0.4 * free // (2 * one)) or 1))
+            xs = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
+            w = torch.randn(n, device="cuda", dtype=torch.float32)
+            nbytes = 2 * m * n * elem + 4 * n
+            cells = []
+            for name in names:
+                try:
+                    ms, spread = bench(provs[name], xs, w)
+                    tbs = nbytes / (ms * 1e-3) / 1e12
+                    cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
+                except Exception as e:  # noqa: BLE001 - shown, never dropped
+                    cells.append(f"FAILED {type(e).__name__}")
+                    torch.cuda.synchronize()
+            row = f"| {m}x{n} {dtype} | " + " | ".join(cells) + " |"
+            print(row, flush=True)
+            lines.append(row)
+            del xs
+            torch.cuda.empty_cache()
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Example problems and kernels (RMSNorm on Hopper)."""

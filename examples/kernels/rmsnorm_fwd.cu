@@ -1,0 +1,445 @@
+// RMSNorm forward: y = x * rsqrt(mean(x^2) + eps) * w, fp32 accumulation.
+//
+// Buffers (harness contract): x [M*N] storage dtype, w [N] float32, y [M*N] storage dtype.
+// Scalars: M (int32), N (int32), eps (float32), dtype_code (int32: 0 fp32, 1 fp16, 2 bf16).
+// The storage dtype is a runtime scalar: one entry point dispatches to a templated body.
+//
+// Knobs (compile-time -D params; see docs/rmsnorm.md):
+//   THREADS      threads per CTA (multiple of 32)
+//   TPR          threads per row (power of two dividing THREADS); rows per CTA = THREADS / TPR
+//   VEC_BYTES    bytes per vector access: 4, 8 or 16 (elements per vector = VEC_BYTES / sizeof(T))
+//   LOAD_HINT    x loads: 0 default, 1 ld.global.nc.L1::no_allocate, 2 ld.global.cg,
+//                3 ld.global.L2::cache_hint with an L2 evict_first policy (createpolicy)
+//   STORE_HINT   y stores: 0 default, 1 st.global.cs, 2 st.global.cg
+//   STAGE        0 row chunk kept in registers (tile of MAX_VECS vectors per thread),
+//                1 row chunk staged in dynamic shared memory, 2 second pass re-reads global
+//                memory. A chunk that does not fit the chosen stage falls back to re-reading.
+//   MAX_VECS     register tile bound (STAGE 0) or loads issued per batch (STAGE 1 and 2)
+//   CLUSTER      CTAs per thread-block cluster sharing one row (1 = no cluster); partial sums
+//                are combined through distributed shared memory (mapa + ld.shared::cluster)
+//   PERSISTENT   launch-only knob (grid = k * SM count); the kernel always strides over rows
+//   RSQRT_APPROX 1 rsqrt.approx.ftz.f32, 0 precise 1/sqrtf
+//
+// Rows whose x and y addresses are not VEC_BYTES-aligned (odd N, misaligned bases) are split
+// into a scalar head, an aligned vector body and a scalar tail. If x and y rows have different
+// misalignment the whole row takes the scalar path.
+#include <cuda_fp16.h>
+
+#ifndef THREADS
+#define THREADS 256
+#endif
+#ifndef TPR
+#define TPR 256
+#endif
+#ifndef VEC_BYTES
+#define VEC_BYTES 16
+#endif
+#ifndef LOAD_HINT
+#define LOAD_HINT 0
+#endif
+#ifndef STORE_HINT
+#define STORE_HINT 0
+#endif
+#ifndef STAGE
+#define STAGE 0
+#endif
+#ifndef MAX_VECS
+#define MAX_VECS 4
+#endif
+#ifndef CLUSTER
+#define CLUSTER 1
+#endif
+#ifndef RSQRT_APPROX
+#define RSQRT_APPROX 1
+#endif
+
+#if THREADS % 32 != 0 || THREADS < 32 || THREADS > 1024
+#error "THREADS must be a multiple of 32 in [32, 1024]"
+#endif
+#if TPR < 1 || THREADS % TPR != 0 || (TPR & (TPR - 1)) != 0
+#error "TPR must be a power of two dividing THREADS"
+#endif
+#if VEC_BYTES != 4 && VEC_BYTES != 8 && VEC_BYTES != 16
+#error "VEC_BYTES must be 4, 8 or 16"
+#endif
+#if CLUSTER != 1 && CLUSTER != 2 && CLUSTER != 4 && CLUSTER != 8 && CLUSTER != 16
+#error "CLUSTER must be 1, 2, 4, 8 or 16"
+#endif
+#if CLUSTER > 1 && TPR != THREADS
+#error "CLUSTER > 1 needs one row per CTA (TPR == THREADS)"
+#endif
+#if MAX_VECS < 1
+#error "MAX_VECS must be >= 1"
+#endif
+
+#define RPC (THREADS / TPR)
+#define WARPS (THREADS / 32)
+#define VW (VEC_BYTES / 4)
+
+struct __align__(VEC_BYTES) Vec {
+    unsigned w[VW];
+};
+
+// ----------------------------------------------------------------------------- memory
+
+#if LOAD_HINT == 0
+#define LD_OP "ld.global"
+#elif LOAD_HINT == 1
+#define LD_OP "ld.global.nc.L1::no_allocate"
+#elif LOAD_HINT == 2
+#define LD_OP "ld.global.cg"
+#elif LOAD_HINT == 3
+#define LD_OP "ld.global.L2::cache_hint"
+#else
+#error "LOAD_HINT must be 0..3"
+#endif
+
+#if LOAD_HINT == 3
+#define LD_POL(n) ", %" #n
+#else
+#define LD_POL(n) ""
+#endif
+
+#if STORE_HINT == 0
+#define ST_OP "st.global"
+#elif STORE_HINT == 1
+#define ST_OP "st.global.cs"
+#elif STORE_HINT == 2
+#define ST_OP "st.global.cg"
+#else
+#error "STORE_HINT must be 0..2"
+#endif
+
+__device__ __forceinline__ void ld_vec(Vec& v, const void* p, unsigned long long pol) {
+#if VEC_BYTES == 16
+    asm volatile(LD_OP ".v4.u32 {%0, %1, %2, %3}, [%4]" LD_POL(5) ";"
+                 : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+                 : "l"(p), "l"(pol));
+#elif VEC_BYTES == 8
+    asm volatile(LD_OP ".v2.u32 {%0, %1}, [%2]" LD_POL(3) ";" : "=r"(v.w[0]), "=r"(v.w[1]) : "l"(p), "l"(pol));
+#else
+    asm volatile(LD_OP ".u32 %0, [%1]" LD_POL(2) ";" : "=r"(v.w[0]) : "l"(p), "l"(pol));
+#endif
+}
+
+__device__ __forceinline__ void st_vec(void* p, const Vec& v) {
+#if VEC_BYTES == 16
+    asm volatile(ST_OP ".v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
+                 "r"(v.w[3])
+                 : "memory");
+#elif VEC_BYTES == 8
+    asm volatile(ST_OP ".v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]) : "memory");
+#else
+    asm volatile(ST_OP ".u32 [%0], %1;" ::"l"(p), "r"(v.w[0]) : "memory");
+#endif
+}
+
+// ----------------------------------------------------------------------------- dtypes
+
+// DT: 0 float32, 1 float16, 2 bfloat16
+template <int DT>
+struct ES {
+    static constexpr int value = DT == 0 ? 4 : 2;
+};
+
+template <int DT>
+__device__ __forceinline__ float scalar_to_float(const void* row, int col) {
+    if (DT == 0) return static_cast<const float*>(row)[col];
+    unsigned short b = static_cast<const unsigned short*>(row)[col];
+    if (DT == 1) return __half2float(__ushort_as_half(b));
+    return __uint_as_float(static_cast<unsigned>(b) << 16);
+}
+
+template <int DT>
+__device__ __forceinline__ void float_to_scalar(void* row, int col, float v) {
+    if (DT == 0) {
+        static_cast<float*>(row)[col] = v;
+    } else if (DT == 1) {
+        static_cast<unsigned short*>(row)[col] = __half_as_ushort(__float2half_rn(v));
+    } else {
+        unsigned short b;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
+        static_cast<unsigned short*>(row)[col] = b;
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ void unpack(const Vec& v, float* f) {
+#pragma unroll
+    for (int i = 0; i < VW; ++i) {
+        if (DT == 0) {
+            f[i] = __uint_as_float(v.w[i]);
+        } else if (DT == 1) {
+            f[2 * i] = __half2float(__ushort_as_half(static_cast<unsigned short>(v.w[i] & 0xffffu)));
+            f[2 * i + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(v.w[i] >> 16)));
+        } else {
+            f[2 * i] = __uint_as_float(v.w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(v.w[i] & 0xffff0000u);
+        }
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ void pack(Vec& v, const float* f) {
+#pragma unroll
+    for (int i = 0; i < VW; ++i) {
+        if (DT == 0) {
+            v.w[i] = __float_as_uint(f[i]);
+        } else if (DT == 1) {  // upper half <- first operand, lower half <- second
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(v.w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));
+        } else {
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(v.w[i]) : "f"(f[2 * i + 1]), "f"(f[2 * i]));
+        }
+    }
+}
+
+// E consecutive fp32 weights starting at p, with the widest aligned loads.
+template <int E>
+__device__ __forceinline__ void load_w(const float* p, float* f) {
+    const unsigned long long a = reinterpret_cast<unsigned long long>(p);
+    if (E % 4 == 0 && (a & 15) == 0) {
+#pragma unroll
+        for (int i = 0; i < E; i += 4) {
+            float4 q = __ldg(reinterpret_cast<const float4*>(p + i));
+            f[i] = q.x; f[i + 1] = q.y; f[i + 2] = q.z; f[i + 3] = q.w;
+        }
+    } else if (E % 2 == 0 && (a & 7) == 0) {
+#pragma unroll
+        for (int i = 0; i < E; i += 2) {
+            float2 q = __ldg(reinterpret_cast<const float2*>(p + i));
+            f[i] = q.x; f[i + 1] = q.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) f[i] = __ldg(p + i);
+    }
+}
+
+// ----------------------------------------------------------------------------- reductions
+
+__device__ __forceinline__ float shfl_bfly(float v, int off) {
+    float r;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;" : "=f"(r) : "f"(v), "r"(off));
+    return r;
+}
+
+#if CLUSTER > 1
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float ld_peer(const float* local, unsigned rank) {
+    unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(local));
+    unsigned ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(sa), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+#endif
+
+template <int DT>
+__device__ __forceinline__ float sumsq(const Vec& v) {
+    constexpr int E = VEC_BYTES / ES<DT>::value;
+    float f[E];
+    unpack<DT>(v, f);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) s = fmaf(f[i], f[i], s);
+    return s;
+}
+
+template <int DT>
+__device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float rstd, char* dst) {
+    constexpr int E = VEC_BYTES / ES<DT>::value;
+    float f[E], g[E];
+    unpack<DT>(xv, f);
+    load_w<E>(w, g);
+#pragma unroll
+    for (int i = 0; i < E; ++i) f[i] = (f[i] * rstd) * g[i];
+    Vec o;
+    pack<DT>(o, f);
+    st_vec(dst, o);
+}
+
+// ----------------------------------------------------------------------------- body
+
+template <int DT>
+__device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const float* __restrict__ w,
+                                             void* __restrict__ y, int M, int N, float eps, float* red,
+                                             float* clp, Vec* dstage) {
+    constexpr int ESZ = ES<DT>::value;
+    constexpr int E = VEC_BYTES / ESZ;
+    const int tid = threadIdx.x;
+    const int r = tid / TPR;
+    const int t = tid % TPR;
+#if CLUSTER > 1
+    unsigned rank;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+#else
+    const unsigned rank = 0;
+#endif
+    const long long groups = gridDim.x / CLUSTER;
+    const long long g = blockIdx.x / CLUSTER;
+
+    unsigned long long pol = 0;
+#if LOAD_HINT == 3
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const int smem_cap = static_cast<int>(dyn / (RPC * VEC_BYTES));  // vectors per row slot
+    Vec* stage = dstage + r * smem_cap;
+
+    int it = 0;
+    for (long long row0 = g * RPC; row0 < M; row0 += groups * RPC, ++it) {
+        const long long row = row0 + r;
+        const bool valid = row < M;
+        const char* xr = static_cast<const char*>(x) + (valid ? row : 0) * static_cast<long long>(N) * ESZ;
+        char* yr = static_cast<char*>(y) + (valid ? row : 0) * static_cast<long long>(N) * ESZ;
+
+        // head (scalar) | nvec aligned vectors of E elements | tail (scalar)
+        int head, nvec;
+        const int ax = static_cast<int>(reinterpret_cast<unsigned long long>(xr) % VEC_BYTES);
+        const int ay = static_cast<int>(reinterpret_cast<unsigned long long>(yr) % VEC_BYTES);
+        if (ax != ay || ax % ESZ != 0) {
+            head = N;
+            nvec = 0;
+        } else {
+            head = ax ? (VEC_BYTES - ax) / ESZ : 0;
+            if (head > N) head = N;
+            nvec = (N - head) / E;
+        }
+        const int body_end = head + nvec * E;
+        const int nscalar = N - nvec * E;  // head + tail
+        const int vpc = (nvec + CLUSTER - 1) / CLUSTER;
+        const int v0 = static_cast<int>(rank) * vpc;
+        int nv_cta = nvec - v0;
+        nv_cta = nv_cta < 0 ? 0 : (nv_cta > vpc ? vpc : nv_cta);
+        const int nmine = t < nv_cta ? (nv_cta - 1 - t) / TPR + 1 : 0;
+        const bool in_regs = STAGE == 0 && nv_cta <= TPR * MAX_VECS;
+        const bool in_smem = STAGE == 1 && nv_cta <= smem_cap;
+        const char* xv = xr + static_cast<long long>(head + (v0 + t) * E) * ESZ;  // this thread's first vector
+        char* yv = yr + static_cast<long long>(head + (v0 + t) * E) * ESZ;
+        const float* wv = w + head + (v0 + t) * E;
+        const long long vstride = static_cast<long long>(TPR) * E;  // elements between a thread's vectors
+
+        float acc = 0.f;
+        Vec regs[MAX_VECS];
+        if (valid) {
+            if (in_regs) {
+#pragma unroll
+                for (int k = 0; k < MAX_VECS; ++k)
+                    if (k < nmine) ld_vec(regs[k], xv + k * vstride * ESZ, pol);
+#pragma unroll
+                for (int k = 0; k < MAX_VECS; ++k)
+                    if (k < nmine) acc += sumsq<DT>(regs[k]);
+            } else {
+                for (int k0 = 0; k0 < nmine; k0 += MAX_VECS) {
+                    Vec b[MAX_VECS];
+#pragma unroll
+                    for (int kk = 0; kk < MAX_VECS; ++kk)
+                        if (k0 + kk < nmine) ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, pol);
+#pragma unroll
+                    for (int kk = 0; kk < MAX_VECS; ++kk) {
+                        if (k0 + kk < nmine) {
+                            acc += sumsq<DT>(b[kk]);
+                            if (in_smem) stage[(k0 + kk) * TPR + t] = b[kk];
+                        }
+                    }
+                }
+            }
+            for (int s = static_cast<int>(rank) + CLUSTER * t; s < nscalar; s += CLUSTER * TPR) {
+                const int col = s < head ? s : s - head + body_end;
+                const float v = scalar_to_float<DT>(xr, col);
+                acc = fmaf(v, v, acc);
+            }
+        }
+
+        // ---- reduce over the row: lanes, then warps of the row, then CTAs of the cluster
+#pragma unroll
+        for (int off = (TPR < 32 ? TPR : 32) / 2; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
+#if TPR > 32
+        {
+            constexpr int WPR = TPR / 32;
+            float* rb = red + (it & 1) * WARPS;
+            if ((tid & 31) == 0) rb[tid / 32] = acc;
+            __syncthreads();
+            acc = 0.f;
+#pragma unroll
+            for (int i = 0; i < WPR; ++i) acc += rb[r * WPR + i];
+        }
+#endif
+#if CLUSTER > 1
+        {
+            float* cb = clp + (it & 1);
+            if (tid == 0) *cb = acc;
+            cluster_sync_all();
+            acc = 0.f;
+#pragma unroll
+            for (unsigned q = 0; q < CLUSTER; ++q) acc += ld_peer(cb, q);
+        }
+#endif
+        const float ms = acc / static_cast<float>(N) + eps;
+        float rstd;
+#if RSQRT_APPROX
+        asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rstd) : "f"(ms));
+#else
+        rstd = 1.0f / sqrtf(ms);
+#endif
+
+        // ---- normalise and store
+        if (valid) {
+            if (in_regs) {
+#pragma unroll
+                for (int k = 0; k < MAX_VECS; ++k)
+                    if (k < nmine) norm_store<DT>(regs[k], wv + k * vstride, rstd, yv + k * vstride * ESZ);
+            } else {
+                for (int k0 = 0; k0 < nmine; k0 += MAX_VECS) {
+                    Vec b[MAX_VECS];
+#pragma unroll
+                    for (int kk = 0; kk < MAX_VECS; ++kk) {
+                        if (k0 + kk < nmine) {
+                            if (in_smem)
+                                b[kk] = stage[(k0 + kk) * TPR + t];
+                            else
+                                ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, pol);
+                        }
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < MAX_VECS; ++kk)
+                        if (k0 + kk < nmine)
+                            norm_store<DT>(b[kk], wv + (k0 + kk) * vstride, rstd, yv + (k0 + kk) * vstride * ESZ);
+                }
+            }
+            for (int s = static_cast<int>(rank) + CLUSTER * t; s < nscalar; s += CLUSTER * TPR) {
+                const int col = s < head ? s : s - head + body_end;
+                const float v = scalar_to_float<DT>(xr, col);
+                float_to_scalar<DT>(yr, col, (v * rstd) * __ldg(w + col));
+            }
+        }
+    }
+#if CLUSTER > 1
+    cluster_sync_all();  // no CTA leaves while a peer may still read its shared memory
+#endif
+}
+
+#if CLUSTER > 1
+#define KDIMS __cluster_dims__(CLUSTER, 1, 1)
+#else
+#define KDIMS
+#endif
+
+extern "C" __global__ void KDIMS __launch_bounds__(THREADS)
+    rmsnorm_fwd(const void* __restrict__ x, const float* __restrict__ w, void* __restrict__ y, int M, int N,
+                float eps, int dtype_code) {
+    __shared__ float red[2 * WARPS];
+    __shared__ float clp[2];
+    extern __shared__ __align__(16) unsigned char dsmem[];
+    Vec* dstage = reinterpret_cast<Vec*>(dsmem);
+    if (dtype_code == 0)
+        rmsnorm_rows<0>(x, w, y, M, N, eps, red, clp, dstage);
+    else if (dtype_code == 1)
+        rmsnorm_rows<1>(x, w, y, M, N, eps, red, clp, dstage);
+    else
+        rmsnorm_rows<2>(x, w, y, M, N, eps, red, clp, dstage);
+}

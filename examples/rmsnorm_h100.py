@@ -1,0 +1,182 @@
+"""Search for fast RMSNorm forward kernels on an H100/H200, then compare and export them.
+
+Usage::
+
+    python examples/rmsnorm_h100.py --minutes 5 --archive runs/rmsnorm_h100.lmdb
+    python examples/rmsnorm_h100.py --quick --evaluations 50
+
+On a machine without a usable GPU it stops at once with exit code 2. After the search it
+prints, per timed case, the best record found against torch.nn.functional.rms_norm and
+torch.compile of it (same timing method, where torch is installed), and exports the best
+genome per shape to ``<archive>.dispatch.py`` (a cupy dispatch module that selects on N,
+plus a torch custom op where torch is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # spawned workers inherit sys.path and re-import examples.* by name
+    sys.path.insert(0, str(ROOT))
+
+TORCH_OP = '''
+try:
+    import torch as _torch
+except ImportError:  # torch is optional
+    _torch = None
+
+if _torch is not None:
+    _DT = {_torch.bfloat16: "bfloat16", _torch.float16: "float16", _torch.float32: "float32"}
+
+    @_torch.library.custom_op("evo_rmsnorm::fwd", mutates_args=())
+    def rmsnorm(x: _torch.Tensor, w: _torch.Tensor) -> _torch.Tensor:
+        """RMSNorm forward (eps 1e-6) over the last dim with the exported kernels; w is float32."""
+        import cupy
+        x2 = x.contiguous().view(-1, x.shape[-1])
+        y = _torch.empty_like(x2)
+        w32 = w.contiguous().to(_torch.float32)
+        with cupy.cuda.ExternalStream(_torch.cuda.current_stream().cuda_stream):
+            run(cupy.asarray(x2), cupy.asarray(w32), cupy.asarray(y),
+                shape={"M": x2.shape[0], "N": x2.shape[1]}, dtype=_DT[x.dtype])
+        return y.view_as(x)
+
+    @rmsnorm.register_fake
+    def _(x, w):
+        return _torch.empty_like(x)
+'''
+
+
+def gpu_available() -> tuple[bool, str]:
+    """Whether a CUDA GPU is usable here, and why not."""
+    if shutil.which("nvidia-smi"):
+        try:
+            r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+            if r.returncode != 0 or "GPU" not in r.stdout:
+                return False, "nvidia-smi lists no GPU"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return False, f"nvidia-smi failed: {e}"
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return False, "cupy sees no CUDA device"
+        cupy.zeros(1).sum()
+    except Exception as e:  # noqa: BLE001 - any failure means no usable GPU
+        return False, f"cupy cannot use the GPU ({type(e).__name__}: {e}); install the 'cuda' extra"
+    return True, ""
+
+
+def time_torch(fn: Any, case: Any, l2_bytes: int = 50 << 20, reps: int = 50) -> float:
+    """Median ms per call of ``fn(x, w)`` with CUDA events, rotating input sets over 3x L2."""
+    import torch
+
+    m, n = case["M"], case["N"]
+    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[case.dtype]
+    one = m * n * torch.finfo(dt).bits // 8
+    sets = max(2, min(16, -(-3 * l2_bytes // max(one, 1))))
+    xs = [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
+    w = torch.randn(n, device="cuda", dtype=torch.float32)
+    for i in range(3):
+        fn(xs[i % sets], w)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn(xs[i % sets], w)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def torch_providers() -> dict[str, Any]:
+    """rms_norm eager and torch.compile (static shapes), or {} without torch."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return {}
+
+    def eager(x: Any, w: Any) -> Any:
+        return F.rms_norm(x, (x.shape[-1],), w.to(x.dtype), eps=1e-6)
+
+    return {"torch": eager, "torch.compile": torch.compile(eager, dynamic=False)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=5.0, help="wall-clock budget of the search")
+    ap.add_argument("--evaluations", type=int, default=None, help="stop after this many evaluations")
+    ap.add_argument("--archive", default="runs/rmsnorm_h100.lmdb", help="LMDB archive path (resumed if present)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--quick", action="store_true", help="time 3 shapes instead of 11")
+    ap.add_argument("--executor", choices=("local", "ray"), default="local")
+    ap.add_argument("--ray-address", default=None)
+    ap.add_argument("--no-compare", action="store_true", help="skip the torch comparison")
+    args = ap.parse_args(argv)
+
+    ok, why = gpu_available()
+    if not ok:
+        print(f"rmsnorm_h100: no usable GPU: {why}. Run this on a machine with an H100/H200.", file=sys.stderr)
+        return 2
+
+    import archive
+    from evo import Budget, Engine
+    from evo.export import export_module
+    from evo.types import Case
+    from examples.rmsnorm_problem import make_forward_problem
+
+    problem = make_forward_problem(quick=args.quick)
+    from fitness.ray import make_executor
+
+    kw = {"ray_address": args.ray_address} if args.executor == "ray" else {}
+    evaluator = make_executor(args.executor, problem, **kw)
+    llm = None
+    if os.environ.get("EVO_LLM_BASE_URL") or os.environ.get("OPENAI_API_KEY") or os.environ.get("ANTHROPIC_API_KEY"):
+        from operators import llm as llm_mod
+
+        llm = llm_mod.from_env()
+    Path(args.archive).parent.mkdir(parents=True, exist_ok=True)
+    arch = archive.Archive(problem, args.archive)
+    try:
+        engine = Engine(problem, arch, evaluator=evaluator, llm=llm, seed=args.seed)
+        best = engine.run(Budget(seconds=args.minutes * 60, evaluations=args.evaluations))
+        if best is None:
+            print("no correct kernel found; see the archive's failure records", file=sys.stderr)
+            return 1
+        from evo.export import best_per_case
+
+        per_case = best_per_case(arch, problem)
+        providers = {} if args.no_compare else torch_providers()
+        head = f"{'case':34} {'best ms':>9} {'TB/s':>6} {'frac':>6}" + "".join(f" {p:>14}" for p in providers)
+        print(head)
+        for key, rec in per_case.items():
+            case = Case.from_key(key)
+            m = rec.evaluation.metrics["cases"][key]
+            tbs = problem.bytes_moved(case) / (m["time_ms"] * 1e-3) / 1e12
+            row = f"{key:34} {m['time_ms']:9.4f} {tbs:6.2f} {m.get('fraction', float('nan')):6.3f}"
+            for fn in providers.values():
+                try:
+                    row += f" {time_torch(fn, case):11.4f} ms"
+                except Exception as e:  # noqa: BLE001 - shown, never dropped
+                    row += f" {'FAILED ' + type(e).__name__:>14}"
+            print(row)
+        out = export_module(arch, problem, Path(args.archive).with_suffix(".dispatch.py"), extra_code=TORCH_OP)
+        print(f"exported {len(per_case)} genomes to {out}")
+        return 0
+    finally:
+        arch.close()
+        evaluator.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,451 @@
+"""RMSNorm forward and backward Problems for Hopper (sm_90a).
+
+Forward: ``y = x * rsqrt(mean(x**2) + eps) * w`` with ``x``, ``y`` of shape M x N in the
+storage dtype (bfloat16, float16 or float32), ``w`` a float32 vector of N, ``eps = 1e-6``
+and float32 accumulation. The byte model is the peers' (QuACK, INT21):
+``2*M*N*elem + 4*N``.
+
+Backward: from ``x``, ``w``, ``dy`` and the saved ``rstd`` (float32, M) compute
+``dx`` (M x N, storage dtype) and ``dw`` (N, float32, summed over rows). See
+``docs/rmsnorm.md`` for the kernel designs and every knob.
+
+Every harness callable here is a top-level function so the Problems pickle into spawned
+GPU workers (the worker re-imports this module by name, so keep ``examples``' parent
+directory on ``sys.path``, as the example script does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from evo.space import CategoricalAxis, Choice, Constraint, NumericAxis, ParamSpace
+from evo.types import DTYPE_BYTES, ArgSpec, Case, DeviceInfo, Genome, Launch, Problem
+
+__all__ = [
+    "BWD_ENTRY",
+    "CHECK_SHAPES",
+    "DTYPE_CODES",
+    "EPS",
+    "FWD_ENTRY",
+    "KERNEL_DIR",
+    "SMEM_CAP",
+    "TIMED_SHAPES",
+    "bwd_bytes_moved",
+    "bwd_launch",
+    "bwd_make_inputs",
+    "bwd_reference",
+    "bwd_scalars",
+    "bwd_signature",
+    "forward_param_space",
+    "fwd_bytes_moved",
+    "fwd_launch",
+    "fwd_make_inputs",
+    "fwd_reference",
+    "fwd_scalars",
+    "fwd_signature",
+    "make_backward_problem",
+    "make_forward_problem",
+    "rmsnorm_numpy",
+]
+
+EPS = 1e-6
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+FWD_ENTRY = "rmsnorm_fwd"
+BWD_ENTRY = "rmsnorm_bwd"
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+SMEM_CAP = 48 * 1024
+"""Largest dynamic shared memory the launch asks for (no opt-in attribute needed)."""
+DEFAULT_SM_COUNT = 132
+
+TIMED_SHAPES: tuple[dict[str, int], ...] = tuple(
+    [{"M": 32768, "N": n} for n in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)]
+    + [{"M": 16384, "N": 131072}, {"M": 8192, "N": 262144}]
+)
+CHECK_SHAPES: tuple[dict[str, int], ...] = (
+    {"M": 1, "N": 1},
+    {"M": 3, "N": 7},
+    {"M": 2, "N": 8},
+    {"M": 5, "N": 256},
+    {"M": 17, "N": 1000},
+    {"M": 6, "N": 1026},
+    {"M": 199, "N": 760},
+    {"M": 33, "N": 4099},
+    {"M": 1, "N": 65537},
+    {"M": 7, "N": 131071},
+)
+TOLERANCES = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+REG_TILE_BYTES = 32768
+"""Upper bound on ``MAX_VECS * VEC_BYTES * THREADS`` (half that at 1024 threads, where the
+register file allows 64 per thread): beyond it ptxas spills (measured, nvcc 13.0, sm_90a)."""
+
+_DESCRIPTION = """\
+RMSNorm forward on Hopper: y[i, j] = x[i, j] * rsqrt(mean_j(x[i, :]**2) + eps) * w[j], eps = 1e-6.
+x, y: M x N row-major in the storage dtype (float32, float16 or bfloat16 stored as uint16); w: N float32.
+Accumulate in float32. Kernel signature: (const void* x, const float* w, void* y, int M, int N,
+float eps, int dtype_code) with dtype_code 0 float32, 1 float16, 2 bfloat16. Rows of odd N are not
+16-byte aligned; M may be 1; N may be any positive int. Params arrive as -D defines; launch: see fwd_launch.
+Memory bound: the target is HBM bandwidth (bytes 2*M*N*elem + 4*N)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _p(params: Mapping[str, Any], name: str) -> int:
+    return int(params[name])
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _sm_count(device: DeviceInfo | Mapping[str, Any] | None) -> int:
+    if device is None:
+        return DEFAULT_SM_COUNT
+    n = device.get("sm_count", 0) if isinstance(device, Mapping) else getattr(device, "sm_count", 0)
+    return int(n) if n else DEFAULT_SM_COUNT
+
+
+def _host_rng(rng: Any) -> np.random.Generator:
+    """A numpy Generator: ``rng`` itself, or one seeded from a device (cupy) generator."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    draw = rng.integers(0, 2**62, size=1)
+    return np.random.default_rng(int(draw.get()[0] if hasattr(draw, "get") else draw[0]))
+
+
+def _host(a: Any, xp: Any) -> Any:
+    """``a`` as an ``xp`` array (device arrays are copied to the host when ``xp`` is numpy)."""
+    if xp is np and hasattr(a, "get"):
+        return a.get()
+    return xp.asarray(a)
+
+
+def _normal(rng: np.random.Generator, xp: Any, shape: tuple[int, ...]) -> Any:
+    """Standard normal float32 array on ``xp`` (drawn on the device when ``xp`` is cupy)."""
+    if xp is np:
+        return rng.standard_normal(shape, dtype=np.float32)
+    seed = int(rng.integers(2**62))
+    try:
+        return xp.random.default_rng(seed).standard_normal(shape, dtype=xp.float32)
+    except (AttributeError, TypeError):
+        return xp.random.RandomState(seed).standard_normal(shape, dtype=xp.float32)
+
+
+def _row_scales(rng: np.random.Generator, m: int) -> np.ndarray:
+    """Per-row scales: mostly 1, about 5% heavy-tailed large rows and 2% tiny rows."""
+    s = np.ones(m, dtype=np.float32)
+    u = rng.random(m)
+    big = u < 0.05
+    s[big] = np.exp(rng.uniform(np.log(4.0), np.log(60.0), int(big.sum()))).astype(np.float32)
+    tiny = (u >= 0.05) & (u < 0.07)
+    s[tiny] = np.float32(1e-3)
+    return s
+
+
+def _rms_rows(x: Any, xp: Any, chunk_elems: int = 1 << 24) -> Any:
+    """mean(x**2) per row with float64 accumulation, in row chunks to bound temporaries."""
+    m, n = x.shape
+    out = xp.empty(m, dtype=xp.float64)
+    step = max(1, chunk_elems // max(n, 1))
+    for i in range(0, m, step):
+        blk = x[i : i + step].astype(xp.float64)
+        out[i : i + step] = (blk * blk).mean(axis=1)
+    return out
+
+
+def rmsnorm_numpy(x: np.ndarray, w: np.ndarray, eps: float = EPS) -> np.ndarray:
+    """Float64 RMSNorm of a 2-D array (the test oracle)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    r = 1.0 / np.sqrt((x64 * x64).mean(axis=1, keepdims=True) + eps)
+    return x64 * r * np.asarray(w, dtype=np.float64)[None, :]
+
+
+# --------------------------------------------------------------------------- forward contract
+
+
+def fwd_signature(case: Case) -> list[ArgSpec]:
+    """Buffers: x (in), w (in, float32), y (out)."""
+    m, n = case["M"], case["N"]
+    return [ArgSpec("x", m * n, case.dtype, "in"), ArgSpec("w", n, "float32", "in"),
+            ArgSpec("y", m * n, case.dtype, "out")]
+
+
+def fwd_scalars(case: Case) -> list[tuple[str, int | float]]:
+    """Scalars: M, N, eps, dtype_code."""
+    return [("int32", case["M"]), ("int32", case["N"]), ("float32", EPS), ("int32", DTYPE_CODES[case.dtype])]
+
+
+def fwd_make_inputs(case: Case, rng: np.random.Generator, xp: Any = np) -> dict[str, Any]:
+    """x: standard normal rows, some scaled large (heavy tail) or tiny; w: standard normal."""
+    m, n = case["M"], case["N"]
+    rng = _host_rng(rng)
+    x = _normal(rng, xp, (m, n))
+    x *= xp.asarray(_row_scales(rng, m))[:, None]
+    w = _normal(rng, xp, (n,))
+    return {"x": x.reshape(-1), "w": w}
+
+
+def fwd_reference(inputs: Mapping[str, Any], case: Case, xp: Any = np) -> dict[str, Any]:
+    """y in float32 from the stored inputs (mean of squares accumulated in float64)."""
+    m, n = case["M"], case["N"]
+    x = _host(inputs["x"], xp).reshape(m, n).astype(xp.float32, copy=False)
+    w = _host(inputs["w"], xp).astype(xp.float32, copy=False)
+    rstd = (1.0 / xp.sqrt(_rms_rows(x, xp) + EPS)).astype(xp.float32)
+    y = (x * rstd[:, None]) * w[None, :]
+    return {"y": y.reshape(-1)}
+
+
+def _elems_per_vec(params: Mapping[str, Any], dtype: str) -> int:
+    return _p(params, "VEC_BYTES") // DTYPE_BYTES[dtype]
+
+
+def fwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mapping[str, Any] | None = None) -> Launch:
+    """Grid of row groups (times CLUSTER CTAs each), THREADS per CTA, staging shared memory.
+
+    Non-persistent: one group per ``THREADS // TPR`` rows. Persistent (``PERSISTENT = k``):
+    ``k * SM count`` CTAs at most; the kernel strides over the rows either way. STAGE 1 asks
+    for the row chunks in dynamic shared memory when they fit :data:`SMEM_CAP`, else for
+    none (the kernel then re-reads global memory).
+    """
+    m, n = case["M"], case["N"]
+    threads, tpr, cluster = _p(params, "THREADS"), _p(params, "TPR"), _p(params, "CLUSTER")
+    rpc = threads // tpr
+    groups = -(-m // rpc)
+    k = _p(params, "PERSISTENT")
+    if k > 0:
+        groups = min(groups, max(1, k * _sm_count(device) // cluster))
+    shared = 0
+    if _p(params, "STAGE") == 1:
+        e = _elems_per_vec(params, case.dtype)
+        vecs = _cdiv(_cdiv(n, e), cluster)  # vectors per CTA per row (upper bound)
+        need = rpc * vecs * _p(params, "VEC_BYTES")
+        shared = need if need <= SMEM_CAP else 0
+    return Launch(grid=(groups * cluster, 1, 1), block=(threads, 1, 1), shared_mem=shared,
+                  cluster=(cluster, 1, 1) if cluster > 1 else None)
+
+
+def fwd_bytes_moved(case: Case) -> int:
+    """``2*M*N*elem + 4*N``: read x, write y, read the float32 weight once."""
+    m, n = case["M"], case["N"]
+    return 2 * m * n * DTYPE_BYTES[case.dtype] + 4 * n
+
+
+# --------------------------------------------------------------------------- forward space
+
+
+def _c_tpr_divides(p: Mapping[str, Any]) -> bool:
+    return int(p["TPR"]) <= int(p["THREADS"]) and int(p["THREADS"]) % int(p["TPR"]) == 0
+
+
+def _c_cluster_one_row(p: Mapping[str, Any]) -> bool:
+    return int(p["CLUSTER"]) == 1 or int(p["TPR"]) == int(p["THREADS"])
+
+
+def _c_reg_tile(p: Mapping[str, Any]) -> bool:
+    budget = REG_TILE_BYTES if int(p["THREADS"]) <= 512 else REG_TILE_BYTES // 2
+    return int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) * int(p["THREADS"]) <= budget
+
+
+def forward_param_space() -> ParamSpace:
+    """The forward kernel's knobs and the rules a valid assignment follows."""
+    return ParamSpace(
+        params={
+            "THREADS": Choice([64, 128, 256, 512, 1024]),
+            "TPR": Choice([4, 8, 16, 32, 64, 128, 256, 512, 1024]),
+            "VEC_BYTES": Choice([4, 8, 16]),
+            "LOAD_HINT": Choice([0, 1, 2, 3]),
+            "STORE_HINT": Choice([0, 1, 2]),
+            "STAGE": Choice([0, 1, 2]),
+            "MAX_VECS": Choice([1, 2, 4, 8, 16]),
+            "CLUSTER": Choice([1, 2, 4, 8, 16]),
+            "PERSISTENT": Choice([0, 1, 2, 4, 8]),
+            "RSQRT_APPROX": Choice([0, 1]),
+        },
+        constraints=(
+            Constraint("TPR (threads per row) divides THREADS", _c_tpr_divides),
+            Constraint("CLUSTER > 1 needs one row per CTA: TPR == THREADS", _c_cluster_one_row),
+            Constraint(f"MAX_VECS * VEC_BYTES * THREADS <= {REG_TILE_BYTES} ({REG_TILE_BYTES // 2} at 1024 threads): "
+                       "register tile without spills",
+                       _c_reg_tile),
+        ),
+    )
+
+
+FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
+    # many short rows: a warp per row, four rows per CTA, register tile of 4 x 16 B
+    {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 0, "MAX_VECS": 4,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1},
+    # long rows: one row per CTA, shared-memory staging, a cluster of 4 CTAs per row
+    {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 1, "MAX_VECS": 4,
+     "CLUSTER": 4, "PERSISTENT": 0, "RSQRT_APPROX": 1},
+)
+
+
+def forward_source() -> str:
+    """The forward kernel source (examples/kernels/rmsnorm_fwd.cu)."""
+    return (KERNEL_DIR / "rmsnorm_fwd.cu").read_text()
+
+
+def make_forward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtypes: Sequence[str] | None = None,
+                         quick: bool = False, check: Sequence[Mapping[str, int]] | None = None) -> Problem:
+    """The RMSNorm forward Problem.
+
+    Args:
+        timed: Timed shapes (default: the 11 shapes of the standard matrix; every timed
+            shape is also checked).
+        dtypes: Storage dtypes (default bfloat16, float16, float32).
+        quick: Time only N in {1024, 8192, 65536} at M = 32768 (a short search).
+        check: Check shapes (default :data:`CHECK_SHAPES`: M=1, odd M and N, N not a
+            multiple of any vector width).
+
+    Returns:
+        A validated Problem with two seed genomes.
+    """
+    if timed is None:
+        timed = [s for s in TIMED_SHAPES if s["N"] in (1024, 8192, 65536)] if quick else TIMED_SHAPES
+    dts = tuple(dtypes) if dtypes is not None else ("bfloat16", "float16", "float32")
+    for d in dts:
+        if d not in DTYPE_CODES:
+            raise ValueError(f"dtype {d!r} not supported by the RMSNorm kernels; use {sorted(DTYPE_CODES)}")
+    src = forward_source()
+    seeds = tuple(Genome(src, p, entry=FWD_ENTRY) for p in FWD_SEED_PARAMS)
+    prob = Problem(
+        name="rmsnorm_fwd_h100",
+        description=_DESCRIPTION,
+        params=forward_param_space(),
+        check_shapes=tuple(check) if check is not None else CHECK_SHAPES,
+        timed_shapes=tuple(timed),
+        dtypes=dts,
+        tolerances={d: TOLERANCES[d] for d in dts},
+        target="sm_90a",
+        signature=fwd_signature,
+        scalars=fwd_scalars,
+        make_inputs=fwd_make_inputs,
+        reference=fwd_reference,
+        launch=fwd_launch,
+        bytes_moved=fwd_bytes_moved,
+        objective="geomean_fraction",
+        descriptors=(
+            CategoricalAxis("CLUSTER", [1, 2, 4, 8, 16], source="params"),
+            CategoricalAxis("STAGE", [0, 1, 2], source="params"),
+            NumericAxis("registers", 0, 256, 8, source="resources"),
+        ),
+        seeds=seeds,
+        extra={"eps": EPS, "weight_dtype": "float32", "byte_model": "2*M*N*elem + 4*N",
+               "hardware": "H100/H200: 132 SMs, 50 MB L2, 228 KB shared memory per SM, clusters up to 16"},
+    )
+    return prob.validate()
+
+
+# --------------------------------------------------------------------------- backward
+
+
+def bwd_signature(case: Case) -> list[ArgSpec]:
+    """Buffers: x, w (float32), dy, rstd (float32, M) in; dx, dw (float32, N) out."""
+    m, n = case["M"], case["N"]
+    return [ArgSpec("x", m * n, case.dtype, "in"), ArgSpec("w", n, "float32", "in"),
+            ArgSpec("dy", m * n, case.dtype, "in"), ArgSpec("rstd", m, "float32", "in"),
+            ArgSpec("dx", m * n, case.dtype, "out"), ArgSpec("dw", n, "float32", "out")]
+
+
+def bwd_scalars(case: Case) -> list[tuple[str, int | float]]:
+    """Scalars: M, N, dtype_code."""
+    return [("int32", case["M"]), ("int32", case["N"]), ("int32", DTYPE_CODES[case.dtype])]
+
+
+def bwd_make_inputs(case: Case, rng: np.random.Generator, xp: Any = np) -> dict[str, Any]:
+    """x as in the forward, dy standard normal, w standard normal, rstd of x (float32)."""
+    m, n = case["M"], case["N"]
+    rng = _host_rng(rng)
+    x = _normal(rng, xp, (m, n))
+    x *= xp.asarray(_row_scales(rng, m))[:, None]
+    dy = _normal(rng, xp, (m, n))
+    w = _normal(rng, xp, (n,))
+    rstd = (1.0 / xp.sqrt(_rms_rows(x, xp) + EPS)).astype(xp.float32)
+    return {"x": x.reshape(-1), "w": w, "dy": dy.reshape(-1), "rstd": rstd}
+
+
+def bwd_reference(inputs: Mapping[str, Any], case: Case, xp: Any = np) -> dict[str, Any]:
+    """dx = rstd * (w*dy - xhat * mean(xhat * w*dy)), dw = sum_rows(dy * xhat), float64 sums."""
+    m, n = case["M"], case["N"]
+    dx = xp.empty((m, n), dtype=xp.float32)
+    dw = xp.zeros(n, dtype=xp.float64)
+    w = _host(inputs["w"], xp).astype(xp.float64)
+    x_all = _host(inputs["x"], xp).reshape(m, n)
+    dy_all = _host(inputs["dy"], xp).reshape(m, n)
+    rstd_all = _host(inputs["rstd"], xp).astype(xp.float64)
+    step = max(1, (1 << 23) // max(n, 1))
+    for i in range(0, m, step):
+        x = x_all[i : i + step].astype(xp.float64)
+        dy = dy_all[i : i + step].astype(xp.float64)
+        r = rstd_all[i : i + step][:, None]
+        xhat = x * r
+        g = dy * w[None, :]
+        c = (xhat * g).mean(axis=1, keepdims=True)
+        dx[i : i + step] = (r * (g - xhat * c)).astype(xp.float32)
+        dw += (dy * xhat).sum(axis=0)
+    return {"dx": dx.reshape(-1), "dw": dw.astype(xp.float32)}
+
+
+def bwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mapping[str, Any] | None = None) -> Launch:
+    """``ceil(N / 32)`` dw column CTAs first, then one CTA per row for dx (see docs/rmsnorm.md)."""
+    m, n = case["M"], case["N"]
+    return Launch(grid=(-(-n // 32) + m, 1, 1), block=(_p(params, "THREADS"), 1, 1))
+
+
+def bwd_bytes_moved(case: Case) -> int:
+    """``3*M*N*elem + 4*M + 8*N``: read x and dy, write dx, read rstd, read w and write dw."""
+    m, n = case["M"], case["N"]
+    return 3 * m * n * DTYPE_BYTES[case.dtype] + 4 * m + 8 * n
+
+
+BWD_SEED_PARAMS: dict[str, int] = {"THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0}
+
+
+def make_backward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtypes: Sequence[str] | None = None,
+                          quick: bool = False) -> Problem:
+    """The RMSNorm backward Problem (dx and dw; deterministic dw).
+
+    Args:
+        timed: Timed shapes (default M=32768 x N in 1024, 4096, 16384; quick: N=4096 only).
+        dtypes: Storage dtypes (default bfloat16, float16, float32).
+        quick: Fewer timed shapes.
+    """
+    if timed is None:
+        timed = [{"M": 32768, "N": 4096}] if quick else [{"M": 32768, "N": n} for n in (1024, 4096, 16384)]
+    dts = tuple(dtypes) if dtypes is not None else ("bfloat16", "float16", "float32")
+    src = (KERNEL_DIR / "rmsnorm_bwd.cu").read_text()
+    space = ParamSpace(
+        params={"THREADS": Choice([128, 256, 512, 1024]), "UNROLL": Choice([1, 2, 4, 8]),
+                "LOAD_HINT": Choice([0, 1, 2])},
+    )
+    tol = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+    prob = Problem(
+        name="rmsnorm_bwd_h100",
+        description=("RMSNorm backward: dx = rstd*(w*dy - xhat*mean_j(xhat*w*dy)), xhat = x*rstd; "
+                     "dw[j] = sum_i dy[i,j]*xhat[i,j] (deterministic). Signature (x, w, dy, rstd, dx, dw, "
+                     "int M, int N, int dtype_code)."),
+        params=space,
+        check_shapes=tuple(s for s in CHECK_SHAPES[:-1] if s["N"] > 1),
+        timed_shapes=tuple(timed),
+        dtypes=dts,
+        tolerances={d: tol[d] for d in dts},
+        target="sm_90a",
+        signature=bwd_signature,
+        scalars=bwd_scalars,
+        make_inputs=bwd_make_inputs,
+        reference=bwd_reference,
+        launch=bwd_launch,
+        bytes_moved=bwd_bytes_moved,
+        objective="geomean_fraction",
+        descriptors=(CategoricalAxis("THREADS", [128, 256, 512, 1024], source="params"),
+                     NumericAxis("registers", 0, 256, 8, source="resources")),
+        seeds=(Genome(src, BWD_SEED_PARAMS, entry=BWD_ENTRY),),
+        extra={"eps": EPS, "byte_model": "3*M*N*elem + 4*M + 8*N"},
+    )
+    return prob.validate()
+

@@ -1,0 +1,76 @@
+"""Every forward variant the search may try compiles for sm_90a without spills (sampled).
+
+The space is too large to compile whole (about 10^5 compile-relevant combinations), so the
+test compiles the seeds, the corners of the register-tile constraint and a seeded random
+sample; a spill-free result is required (bound: 0 spill bytes).
+"""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from evo.types import Genome
+from examples.rmsnorm_problem import forward_param_space, make_backward_problem, make_forward_problem
+
+from .conftest import nvcc_compile
+
+SPILL_BOUND = 0
+
+
+def _spills(log: str) -> int:
+    return sum(int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log))
+
+
+def _defines(p: dict) -> list[str]:
+    return Genome("x", p).defines()
+
+
+def _corner_cases() -> list[dict]:
+    base = dict(make_forward_problem().seeds[0].params)
+    out = []
+    for threads, vecs in ((1024, 1), (512, 4), (256, 8), (128, 16)):
+        out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=vecs, VEC_BYTES=16, STAGE=0,
+                        CLUSTER=16 if threads == 1024 else 1, LOAD_HINT=3, STORE_HINT=1))
+    return out
+
+
+def test_forward_variants_compile_without_spills(tmp_path: Path) -> None:
+    prob = make_forward_problem()
+    space = forward_param_space()
+    rng = np.random.default_rng(7)
+    combos = [dict(g.params) for g in prob.seeds] + _corner_cases() + [space.sample(rng) for _ in range(2)]
+    for p in combos:
+        assert space.is_valid(p), p
+
+    def one(i_p: tuple[int, dict]) -> tuple[dict, int, str]:
+        i, p = i_p
+        d = tmp_path / str(i)
+        d.mkdir()
+        log = nvcc_compile("rmsnorm_fwd.cu", _defines(p), d)
+        return p, _spills(log), log
+
+    with ThreadPoolExecutor(2) as ex:
+        results = list(ex.map(one, enumerate(combos)))
+    bad = [(p, s) for p, s, _ in results if s > SPILL_BOUND]
+    assert not bad, f"variants spill: {bad}"
+    assert all("registers" in log for _, _, log in results)
+
+
+def test_invalid_combination_fails_to_compile(tmp_path: Path) -> None:
+    """The kernel's own #error guards catch a combination the constraints forbid."""
+    p = dict(make_forward_problem().seeds[0].params, CLUSTER=4)  # TPR != THREADS
+    with pytest.raises(AssertionError, match="CLUSTER > 1 needs one row per CTA"):
+        nvcc_compile("rmsnorm_fwd.cu", _defines(p), tmp_path)
+
+
+@pytest.mark.parametrize("params", [{"THREADS": 1024, "UNROLL": 8, "LOAD_HINT": 2},
+                                    {"THREADS": 128, "UNROLL": 1, "LOAD_HINT": 1}])
+def test_backward_compiles(tmp_path: Path, params: dict) -> None:
+    assert make_backward_problem().params.is_valid(params)
+    log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
+    assert _spills(log) == 0

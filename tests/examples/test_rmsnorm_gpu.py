@@ -1,0 +1,119 @@
+"""GPU tests (need a CUDA device; skip themselves otherwise).
+
+A small direct harness (cupy) launches genomes exactly as the Problem describes (buffers,
+scalars, launch), with poisoned outputs, so the kernels can be checked before
+fitness.Evaluator exists; when it does, the seeds also go through it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evo.types import Case, Genome, Problem
+from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
+
+pytestmark = pytest.mark.gpu
+
+
+def _store(cp, a, dtype: str):
+    """float32 array -> device array in the storage dtype (bf16 as uint16, round to nearest even)."""
+    a = cp.asarray(a, dtype=cp.float32)
+    if dtype == "float32":
+        return a
+    if dtype == "float16":
+        return a.astype(cp.float16)
+    b = a.view(cp.uint32)
+    return ((b + cp.uint32(0x7FFF) + ((b >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+
+
+def _load(cp, a, dtype: str):
+    if dtype == "bfloat16":
+        return (a.astype(cp.uint32) << 16).view(cp.float32)
+    return a.astype(cp.float32)
+
+
+def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0) -> dict[str, float]:
+    """Launch ``genome`` on ``case``; return ||out-ref||/||ref|| per output (NaN-poisoned outputs)."""
+    import cupy as cp
+
+    rng = np.random.default_rng(seed)
+    raw = prob.make_inputs(case, rng, cp)
+    sig = prob.signature(case)
+    bufs, stored = [], {}
+    for a in sig:
+        if a.role == "in":
+            buf = _store(cp, raw[a.name], a.dtype)
+            stored[a.name] = _load(cp, buf, a.dtype)
+        else:
+            buf = _store(cp, cp.full(a.numel, cp.nan, dtype=cp.float32), a.dtype)
+        bufs.append(buf)
+    ref = prob.reference(stored, case, cp)
+    mod = cp.RawModule(code=genome.source, options=(*genome.defines(), "--std=c++17"))
+    kern = mod.get_function(genome.entry)
+    L = prob.launch(dict(genome.params), case, None)
+    if L.cluster is not None and L.cluster[0] > 8:  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        cp.cuda.driver.funcSetAttribute(kern.ptr, 14, 1)
+    ctypes = {"int32": np.int32, "float32": np.float32, "int64": np.int64, "uint32": np.uint32}
+    scalars = tuple(ctypes[t](v) for t, v in prob.scalars(case))
+    kern(L.grid, L.block, tuple(bufs) + scalars, shared_mem=L.shared_mem)
+    cp.cuda.runtime.deviceSynchronize()
+    errs = {}
+    for a, buf in zip(sig, bufs, strict=True):
+        if a.role == "out":
+            out = _load(cp, buf, a.dtype)
+            r = cp.asarray(ref[a.name], dtype=cp.float32)
+            assert bool(cp.isfinite(out).all()), f"{a.name}: non-finite (unwritten?) elements for {case.key}"
+            errs[a.name] = float(cp.linalg.norm(out - r) / cp.linalg.norm(r))
+    return errs
+
+
+SMALL = [{"M": 1, "N": 1}, {"M": 3, "N": 7}, {"M": 17, "N": 1000}, {"M": 6, "N": 1026}, {"M": 33, "N": 4099},
+         {"M": 1, "N": 65537}, {"M": 64, "N": 8192}, {"M": 4, "N": 262144}]
+DTYPES = ["bfloat16", "float16", "float32"]
+
+
+def _check(prob: Problem, genome: Genome, shapes=SMALL) -> None:
+    for shape in shapes:
+        for dt in DTYPES:
+            case = Case(shape, dt)
+            errs = run_case(prob, genome, case)
+            for name, e in errs.items():
+                assert e <= prob.tolerances[dt], f"{genome.params} {case.key} {name}: rel err {e:.3g}"
+
+
+def test_forward_seeds(cuda_device) -> None:
+    prob = make_forward_problem()
+    for g in prob.seeds:
+        _check(prob, g)
+
+
+def test_forward_sampled_params(cuda_device) -> None:
+    prob = make_forward_problem()
+    rng = np.random.default_rng(11)
+    for _ in range(12):
+        _check(prob, prob.seeds[0].with_params(**prob.params.sample(rng)), SMALL[:6])
+
+
+def test_forward_timed_shape_sample(cuda_device) -> None:
+    prob = make_forward_problem()
+    _check(prob, prob.seeds[1], [{"M": 32768, "N": 4096}, {"M": 8192, "N": 262144}])
+
+
+def test_backward_seed(cuda_device) -> None:
+    prob = make_backward_problem()
+    _check(prob, prob.seeds[0], [s for s in SMALL[:-1] if s["N"] > 1] + [{"M": 2048, "N": 1024}])
+
+
+def test_seeds_through_evaluator(cuda_device) -> None:
+    fitness = pytest.importorskip("fitness")
+    if not hasattr(fitness, "Evaluator"):
+        pytest.skip("fitness.Evaluator not available yet")
+    prob = make_forward_problem(timed=[{"M": 4096, "N": 4096}])
+    ev = fitness.Evaluator(prob)
+    try:
+        for g in prob.seeds:
+            res = ev.evaluate(g)
+            assert res.ok, res.reason
+    finally:
+        ev.close()

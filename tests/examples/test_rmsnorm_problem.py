@@ -1,0 +1,171 @@
+"""CPU tests of the RMSNorm Problems: validation, constraints, launches, inputs and references."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import numpy as np
+import pytest
+
+from evo.types import Case, DeviceInfo
+from examples.rmsnorm_problem import (
+    CHECK_SHAPES,
+    SMEM_CAP,
+    TIMED_SHAPES,
+    bwd_launch,
+    bwd_make_inputs,
+    bwd_reference,
+    fwd_bytes_moved,
+    fwd_launch,
+    fwd_make_inputs,
+    fwd_reference,
+    fwd_scalars,
+    fwd_signature,
+    make_backward_problem,
+    make_forward_problem,
+    rmsnorm_numpy,
+)
+
+
+def test_forward_problem_validates_and_pickles() -> None:
+    prob = make_forward_problem()
+    assert len(prob.timed_shapes) == 11 and prob.timed_shapes == TIMED_SHAPES
+    keys = {c.key for c in prob.check_cases()}
+    assert "M=1,N=65537:float32" in keys and "M=8192,N=262144:bfloat16" in keys  # timed shapes are checked
+    assert len(prob.timed_cases()) == 33
+    # Genome params are MappingProxyType (not picklable in evo/types.py as of writing): pickle without seeds
+    bare = dataclasses.replace(prob, seeds=())
+    assert pickle.loads(pickle.dumps(bare)).fingerprint() == bare.fingerprint()
+    for s in prob.seeds:
+        assert prob.params.is_valid(s.params)
+
+
+def test_quick_and_custom() -> None:
+    assert [s["N"] for s in make_forward_problem(quick=True).timed_shapes] == [1024, 8192, 65536]
+    p = make_forward_problem(timed=[{"M": 64, "N": 1000}], dtypes=["float32"])
+    assert p.dtypes == ("float32",) and p.timed_cases()[0].key == "M=64,N=1000:float32"
+    with pytest.raises(ValueError, match="not supported"):
+        make_forward_problem(dtypes=["int8"])
+
+
+def test_check_shapes_cover_the_hard_cases() -> None:
+    ms = [s["M"] for s in CHECK_SHAPES]
+    ns = [s["N"] for s in CHECK_SHAPES]
+    assert 1 in ms and any(m % 2 for m in ms if m > 1)
+    assert any(n % 2 for n in ns) and any(n % 8 for n in ns if n % 2 == 0)
+
+
+@pytest.mark.parametrize("bad, rule", [
+    ({"TPR": 512, "THREADS": 256}, "divides"),
+    ({"CLUSTER": 4, "TPR": 32, "THREADS": 128}, "one row per CTA"),
+    ({"MAX_VECS": 16, "THREADS": 1024, "VEC_BYTES": 16, "TPR": 1024}, "register tile"),
+    ({"VEC_BYTES": 32}, "outside"),
+])
+def test_constraints_reject(bad: dict, rule: str) -> None:
+    prob = make_forward_problem()
+    params = dict(prob.seeds[0].params)
+    params.update(bad)
+    errs = prob.params.violations(params)
+    assert errs and any(rule in e for e in errs), errs
+
+
+def test_sampled_params_are_valid() -> None:
+    space = make_forward_problem().params
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        p = space.sample(rng)
+        assert space.is_valid(p)
+        assert p["CLUSTER"] == 1 or p["TPR"] == p["THREADS"]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_launch_covers_every_row(dtype: str) -> None:
+    space = make_forward_problem().params
+    rng = np.random.default_rng(2)
+    dev = DeviceInfo("H200", "9.0", sm_count=132)
+    for _ in range(150):
+        p = space.sample(rng)
+        for shape in [*CHECK_SHAPES, *TIMED_SHAPES]:
+            case = Case(shape, dtype)
+            L = fwd_launch(p, case, dev)
+            rpc = p["THREADS"] // p["TPR"]
+            groups = L.grid[0] // p["CLUSTER"]
+            assert L.grid[0] % p["CLUSTER"] == 0 and L.block == (p["THREADS"], 1, 1)
+            assert groups >= 1 and groups * rpc <= max(shape["M"], rpc) + rpc - 1
+            # the kernel strides by groups*rpc rows from g*rpc: the union covers every row
+            rows = {g * rpc + r + i * groups * rpc for g in range(min(groups, 4)) for r in range(rpc)
+                    for i in range(-(-shape["M"] // (groups * rpc)))} if shape["M"] < 300 else None
+            if rows is not None and groups <= 4:
+                assert set(range(shape["M"])) <= rows
+            assert L.shared_mem <= SMEM_CAP
+            assert (L.cluster is None) == (p["CLUSTER"] == 1)
+            if p["PERSISTENT"] == 0:
+                assert groups * rpc >= shape["M"]
+
+
+def test_launch_stage_smem() -> None:
+    p = {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "STAGE": 1, "CLUSTER": 4, "PERSISTENT": 0}
+    L = fwd_launch(p, Case({"M": 8, "N": 65536}, "bfloat16"))
+    assert L.shared_mem == 65536 // 8 // 4 * 16  # 2048 vectors / 4 CTAs * 16 B
+    big = fwd_launch(dict(p, CLUSTER=1), Case({"M": 8, "N": 262144}, "float32"))
+    assert big.shared_mem == 0  # over the cap: the kernel re-reads global memory
+    assert fwd_launch(dict(p, STAGE=0), Case({"M": 8, "N": 64}, "float32")).shared_mem == 0
+
+
+def test_signature_scalars_bytes() -> None:
+    c = Case({"M": 3, "N": 7}, "bfloat16")
+    sig = fwd_signature(c)
+    assert [(a.name, a.numel, a.dtype, a.role) for a in sig] == [
+        ("x", 21, "bfloat16", "in"), ("w", 7, "float32", "in"), ("y", 21, "bfloat16", "out")]
+    assert fwd_scalars(c) == [("int32", 3), ("int32", 7), ("float32", 1e-6), ("int32", 2)]
+    assert fwd_bytes_moved(Case({"M": 32768, "N": 4096}, "float16")) == 2 * 32768 * 4096 * 2 + 4 * 4096
+
+
+@pytest.mark.parametrize("shape", [{"M": 1, "N": 1}, {"M": 3, "N": 7}, {"M": 33, "N": 4099}])
+def test_forward_reference_matches_float64(shape: dict) -> None:
+    case = Case(shape, "float32")
+    inp = fwd_make_inputs(case, np.random.default_rng(3), np)
+    assert inp["x"].shape == (shape["M"] * shape["N"],) and inp["w"].shape == (shape["N"],)
+    assert np.isfinite(inp["x"]).all()
+    y = fwd_reference(inp, case, np)["y"]
+    want = rmsnorm_numpy(inp["x"].reshape(shape["M"], shape["N"]), inp["w"]).reshape(-1)
+    assert np.linalg.norm(y - want) / np.linalg.norm(want) < 1e-6
+    # a wrong answer is far outside the float32 tolerance
+    assert np.linalg.norm(np.zeros_like(y) - want) / np.linalg.norm(want) > 1e-5
+
+
+def test_inputs_have_heavy_rows_and_fresh_draws() -> None:
+    case = Case({"M": 400, "N": 64}, "float32")
+    a = fwd_make_inputs(case, np.random.default_rng(4), np)["x"].reshape(400, 64)
+    b = fwd_make_inputs(case, np.random.default_rng(5), np)["x"].reshape(400, 64)
+    rms = np.sqrt((a.astype(np.float64) ** 2).mean(axis=1))
+    assert rms.max() > 4 and rms.min() < 0.01 and not np.array_equal(a, b)
+    assert np.abs(a).max() < 60000  # fits float16 storage
+
+
+def test_backward_problem_and_reference() -> None:
+    prob = make_backward_problem()
+    assert prob.seeds and prob.params.is_valid(prob.seeds[0].params)
+    m, n = 9, 13
+    case = Case({"M": m, "N": n}, "float32")
+    inp = bwd_make_inputs(case, np.random.default_rng(6), np)
+    out = bwd_reference(inp, case, np)
+    # finite differences of L = sum(dy * y) through the forward
+    x = inp["x"].reshape(m, n).astype(np.float64)
+    w = inp["w"].astype(np.float64)
+    dy = inp["dy"].reshape(m, n).astype(np.float64)
+    h = 1e-6
+    i, j = 4, 5
+    xp_, xm_ = x.copy(), x.copy()
+    xp_[i, j] += h
+    xm_[i, j] -= h
+    num = ((rmsnorm_numpy(xp_, w) - rmsnorm_numpy(xm_, w)) * dy).sum() / (2 * h)
+    assert abs(out["dx"].reshape(m, n)[i, j] - num) < 1e-3 * max(1.0, abs(num))
+    wp, wm = w.copy(), w.copy()
+    wp[j] += h
+    wm[j] -= h
+    numw = ((rmsnorm_numpy(x, wp) - rmsnorm_numpy(x, wm)) * dy).sum() / (2 * h)
+    assert abs(out["dw"][j] - numw) < 1e-3 * max(1.0, abs(numw))
+    L = bwd_launch(prob.seeds[0].params, case)
+    assert L.grid[0] == 1 + m and L.block[0] == 256
