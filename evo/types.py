@@ -72,7 +72,8 @@ class ProblemError(ValueError):
 _COMMENT_OR_STRING = re.compile(
     r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'', re.DOTALL
 )
-_SPACE_AROUND_PUNCT = re.compile(r"\s*([{}()\[\];,<>=+\-*/%&|^!~?:.])\s*")
+_PUNCT = r"[{}()\[\];,<>=+\-*/%&|^!~?:.]"
+_SPACE_AROUND_PUNCT = re.compile(r"\s+(?=" + _PUNCT + r")|(?<=" + _PUNCT + r")\s+")
 
 
 def normalize_source(source: str) -> str:
@@ -99,7 +100,7 @@ def normalize_source(source: str) -> str:
             out.append(part)
         else:
             part = re.sub(r"\s+", " ", part)
-            part = _SPACE_AROUND_PUNCT.sub(r"\1", part)
+            part = _SPACE_AROUND_PUNCT.sub("", part)
             out.append(part)
     return "".join(out).strip()
 
