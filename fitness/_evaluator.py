@@ -448,36 +448,16 @@ class Evaluator:
             st.device = dict(out.device)
             with self._lock:
                 self._device_info = DeviceInfo.from_dict(out.device)
-        for name, res, seconds in out.results:
+        # The worker's reply, read as every executor reads it: an unfinished job ends in
+        # one failed result for the stage it stopped in (WorkerOutcome.stage_results).
+        for name, res, seconds in out.stage_results([s.name for s in stages], timeout):
             if not self._apply(st, name, res, seconds):
                 self._finish(st, res.status or Status.RUNTIME_ERROR)
                 if out.kind != "ok":
                     self._replace_if_dead(ds)
                 return
-        done = {name for name, _, _ in out.results}
-        unfinished = next((s.name for s in stages if s.name not in done), "device")
-        if out.kind == "ok":
-            st.seg += 1
-            self._advance(st)
-            return
-        st.stage_times[unfinished] = st.stage_times.get(unfinished, 0.0) + max(
-            0.0, out.seconds - sum(s for _, _, s in out.results))
-        if out.kind == "timeout":
-            st.artifacts["stderr"] = out.stderr_tail
-            self._finish_failure(st, Status.TIMEOUT, f"device stage {unfinished!r} ran past the device timeout "
-                                 f"({timeout:g}s); the worker was killed")
-        elif out.kind == "fault":
-            st.artifacts["traceback"] = out.traceback
-            self._finish_failure(st, Status.RUNTIME_ERROR, out.message)
-        elif out.kind == "error":
-            st.artifacts["traceback"] = out.traceback
-            self._finish_failure(st, Status.RUNTIME_ERROR, out.message)
-        else:
-            st.artifacts["stderr"] = out.stderr_tail
-            tail = out.stderr_tail.strip()[-1500:]
-            self._finish_failure(st, Status.RUNTIME_ERROR, f"{out.message} during stage {unfinished!r}"
-                                 + (f"; stderr tail:\n{tail}" if tail else ""))
-        self._replace_if_dead(ds)
+        st.seg += 1
+        self._advance(st)
 
     def _replace_if_dead(self, ds: _DeviceState) -> None:
         if ds.worker is not None and not ds.worker.alive() and not self._closed:

@@ -25,6 +25,12 @@ with the stderr tail; no reply within the timeout kills the worker's process gro
 
 The worker's real stdout is private to the protocol: at start-up file descriptor 1 is
 pointed at stderr, so anything a library prints cannot corrupt the message stream.
+
+The worker dies with its parent: on Linux it asks the kernel for SIGKILL when the thread
+that started it exits (``PR_SET_PDEATHSIG``), so a killed driver or Ray actor never
+leaves an orphan worker holding the GPU, even while a stage runs or hangs. Start workers
+from a long-lived thread (the Evaluator's dispatcher threads, an actor's method
+thread): the signal follows the creating *thread*, not only the process.
 """
 
 from __future__ import annotations
@@ -44,9 +50,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-__all__ = ["WorkerOutcome", "WorkerProcess", "is_cuda_fault", "visible_devices"]
+__all__ = ["WorkerOutcome", "WorkerProcess", "is_cuda_fault", "set_parent_death_signal", "visible_devices"]
 
 _HEADER = struct.Struct(">Q")
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_PARENT_ENV = "EVO_WORKER_PARENT_PID"
 _MAX_MESSAGE = 1 << 34
 _CUDA_MODULES = {"cupy", "cupy_backends", "cuda"}
 
@@ -92,6 +100,26 @@ def visible_devices() -> list[str]:
         return []
     n = sum(1 for line in r.stdout.splitlines() if line.startswith("GPU "))
     return [str(i) for i in range(n)]
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Ask the kernel to send ``sig`` to this process when its parent (thread) exits.
+
+    Linux only (``prctl(PR_SET_PDEATHSIG)`` through ctypes); elsewhere, or if libc or
+    the call is unavailable, it does nothing.
+
+    Returns:
+        Whether the signal is armed.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 # --------------------------------------------------------------------------- framing
@@ -169,9 +197,55 @@ class WorkerOutcome:
     stderr_tail: str = ""
     seconds: float = 0.0
 
+    def stage_results(self, stage_names: Sequence[str], timeout: float) -> list[tuple[str, Any, float]]:
+        """The job's per-stage results, with the failure of an unfinished job made a stage result.
+
+        This is how every executor reads a worker's reply (the local
+        :class:`~fitness.Evaluator` and the Ray device actors alike). The results of the
+        stages that finished come first, as reported. If the job did not complete
+        (``kind`` is not ``"ok"``) and no reported stage failed its gate, one failed
+        :class:`~fitness.StageResult` is appended for the first stage that did not
+        finish, carrying the wall time not accounted for by the finished stages:
+
+        * ``"timeout"``: TIMEOUT, reason names the stage and the timeout, artifact ``stderr``;
+        * ``"fault"``, ``"error"``: RUNTIME_ERROR with the worker's message, artifact ``traceback``;
+        * ``"died"``: RUNTIME_ERROR with the message and the stderr tail, artifact ``stderr``.
+
+        Args:
+            stage_names: Names of the stages sent with the job, in order.
+            timeout: The reply timeout the job ran under (quoted in the TIMEOUT reason).
+
+        Returns:
+            ``(stage name, StageResult, seconds)`` in stage order; apply them in order and
+            stop at the first one that is not ``ok``.
+        """
+        from evo.types import Status
+        from fitness._stage import StageResult
+
+        results = list(self.results)
+        if self.kind == "ok" or any(not res.ok for _, res, _ in results):
+            return results
+        done = {name for name, _, _ in results}
+        unfinished = next((n for n in stage_names if n not in done), "device")
+        left = max(0.0, self.seconds - sum(secs for _, _, secs in results))
+        if self.kind == "timeout":
+            fail = StageResult.fail(Status.TIMEOUT, f"device stage {unfinished!r} ran past the device timeout "
+                                    f"({timeout:g}s); the worker was killed", stderr=self.stderr_tail)
+        elif self.kind in ("fault", "error"):
+            fail = StageResult.fail(Status.RUNTIME_ERROR, self.message, traceback=self.traceback)
+        else:
+            tail = self.stderr_tail.strip()[-1500:]
+            fail = StageResult.fail(Status.RUNTIME_ERROR, f"{self.message} during stage {unfinished!r}"
+                                    + (f"; stderr tail:\n{tail}" if tail else ""), stderr=self.stderr_tail)
+        results.append((unfinished, fail, left))
+        return results
+
 
 class WorkerProcess:
     """One device worker subprocess (see the module docstring).
+
+    The child dies with the thread that called :meth:`start` (``PR_SET_PDEATHSIG`` on
+    Linux), so call it from a thread that lives as long as the worker should.
 
     Args:
         device: The device id put in the child's ``CUDA_VISIBLE_DEVICES``.
@@ -206,6 +280,7 @@ class WorkerProcess:
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = self.device
         env["PYTHONUNBUFFERED"] = "1"
+        env[_PARENT_ENV] = str(os.getpid())
         paths = [p or os.getcwd() for p in sys.path]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
         self._stderr = tempfile.TemporaryFile(prefix="evo-worker-", suffix=".stderr")
@@ -341,6 +416,12 @@ def _serve() -> int:
     from evo.types import Genome
     from fitness._stage import Job, StageContext
 
+    # Die with the parent. The parent may already be gone (killed between our fork and
+    # this call): then we were re-parented and must not start.
+    set_parent_death_signal(signal.SIGKILL)
+    expected = os.environ.pop(_PARENT_ENV, "")
+    if expected.isdigit() and os.getppid() != int(expected):
+        return 75
     chan_out = os.fdopen(os.dup(1), "wb")
     chan_in = os.fdopen(os.dup(0), "rb")
     os.dup2(2, 1)  # stray prints go to stderr, never into the protocol stream

@@ -47,6 +47,7 @@ from evo.types import DeviceInfo, Evaluation, Genome, Problem, Status
 from fitness._compile import DEFAULT_COMPILE_TIMEOUT
 from fitness._evaluator import DEFAULT_DEVICE_TIMEOUT, DEFAULT_INIT_TIMEOUT, EvaluatorConfigError, default_stages
 from fitness._stage import Job, Stage, StageContext, StageResult
+from fitness.ray._loopback import init_local_ray
 
 __all__ = ["RayExecutor", "RayExecutorError", "run_host_stages", "run_preflight"]
 
@@ -199,7 +200,8 @@ class _DeviceActor:
     separate process with ``CUDA_VISIBLE_DEVICES`` pinned to the GPU Ray gave this actor;
     a hang is killed after the device timeout (TIMEOUT) and a sticky CUDA error costs
     the worker (RUNTIME_ERROR); a fresh worker takes the next job. The actor survives both.
-    Outcomes are read exactly as the local Evaluator reads them.
+    Outcomes are read exactly as the local Evaluator reads them
+    (:meth:`fitness.WorkerOutcome.stage_results`).
     """
 
     def __init__(self, problem: Problem, stages: Sequence[Stage], options: Mapping[str, Any],
@@ -255,22 +257,8 @@ class _DeviceActor:
         job = Job(genome=genome, problem=self.problem, data=dict(data))
         out = self.worker.run(next(self.job_ids), job, self.stages, self.options, seed, timeout)
         device = dict(out.device or {})
-        outcomes = [_StageOutcome(name, res, secs) for name, res, secs in out.results]
-        gate_failed = any(not o.result.ok for o in outcomes)
-        if out.kind != "ok" and not gate_failed:
-            done = {o.name for o in outcomes}
-            unfinished = next((s.name for s in self.stages if s.name not in done), "device")
-            left = max(0.0, out.seconds - sum(o.seconds for o in outcomes))
-            if out.kind == "timeout":
-                fail = StageResult.fail(Status.TIMEOUT, f"device stage {unfinished!r} ran past the device timeout "
-                                        f"({timeout:g}s); the worker was killed", stderr=out.stderr_tail)
-            elif out.kind in ("fault", "error"):
-                fail = StageResult.fail(Status.RUNTIME_ERROR, out.message, traceback=out.traceback)
-            else:
-                tail = out.stderr_tail.strip()[-1500:]
-                fail = StageResult.fail(Status.RUNTIME_ERROR, f"{out.message} during stage {unfinished!r}"
-                                        + (f"; stderr tail:\n{tail}" if tail else ""), stderr=out.stderr_tail)
-            outcomes.append(_StageOutcome(unfinished, fail, left))
+        outcomes = [_StageOutcome(name, res, secs)
+                    for name, res, secs in out.stage_results([s.name for s in self.stages], timeout)]
         if not self.worker.alive():
             try:  # replace it now, so the next candidate does not wait for the start-up
                 self._spawn(respawn=True)
@@ -396,8 +384,11 @@ class RayExecutor:
             ``runtime_env={"working_dir": ...}``).
         stages: The stage list (default: static check, compile, resources, correctness,
             timing). Host stages must come before device stages.
-        address: Ray cluster address (``"auto"``, ``"HEAD:6379"``, ``"ray://..."``); ``None``
-            connects to an already initialised Ray or starts a local one.
+        address: Ray cluster address (``"auto"``, ``"HEAD:6379"``, ``"ray://..."``). ``None``
+            uses Ray if this process already initialised it, else the cluster in
+            ``RAY_ADDRESS`` if set, else (like ``"local"``) starts a private single-node Ray
+            that listens on 127.0.0.1 only, without the dashboard
+            (:func:`fitness.ray.init_local_ray`).
         num_gpus_per_actor: GPUs each device actor reserves (1: one actor per GPU).
         num_actors: Device actors to start (default: every GPU of the cluster divided by
             ``num_gpus_per_actor``, re-read while running so joining nodes are used).
@@ -466,7 +457,11 @@ class RayExecutor:
             if runtime_env is not None:
                 kw["runtime_env"] = dict(runtime_env)
             kw.setdefault("log_to_driver", True)
-            ray.init(address=address, **kw)
+            if address == "local" or (address is None and not os.environ.get("RAY_ADDRESS")):
+                # A private single-node cluster: on 127.0.0.1 only, no dashboard.
+                init_local_ray(**kw)
+            else:
+                ray.init(address=address, **kw)
             self._owns_ray = True
         elif address is not None:
             log.info("Ray is already initialised; address=%r is ignored", address)

@@ -1,6 +1,7 @@
 """The Ray executor on a real local Ray cluster (head + 2 worker nodes on this host).
 
-The cluster is started once per module (Ray takes ~15 s to start on 2 cores). One worker
+The cluster is started once per module (Ray takes ~10 s to start on 2 cores). Every node
+and the driver use 127.0.0.1 only (see :mod:`fitness.ray._loopback`). One worker
 node declares two (fake) GPUs so the device-actor path runs without a GPU: its device
 stages have ``needs_gpu=False`` and run in the real fitness worker process.
 
@@ -24,6 +25,7 @@ import pytest
 
 from evo.types import Evaluation, Genome, Status
 from fitness._stage import Job, Stage, StageContext, StageResult
+from fitness.ray import LOOPBACK, loopback_ray
 from tests.evo import cpu_problem
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,21 +102,48 @@ def cluster() -> Iterator[Any]:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([old] if old else []))
     if ray.is_initialized():
         ray.shutdown()
-    # All three nodes run on this host (Ray picks the host's own address for them).
-    c = Cluster(initialize_head=True, connect=False, head_node_args={"num_cpus": 1, "include_dashboard": False})
-    try:
-        c.add_node(num_cpus=1)
-        c.add_node(num_cpus=1, num_gpus=2)
-        c.wait_for_nodes()
-        ray.init(address=c.address, log_to_driver=False)
-        yield c
-    finally:
-        ray.shutdown()
-        c.shutdown()
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
+    # All three nodes run on this host, on 127.0.0.1 only: test traffic must stay on loopback.
+    with loopback_ray():
+        c = Cluster(initialize_head=True, connect=False,
+                    head_node_args={"num_cpus": 1, "include_dashboard": False, "node_ip_address": LOOPBACK})
+        try:
+            c.add_node(num_cpus=1, node_ip_address=LOOPBACK)
+            c.add_node(num_cpus=1, num_gpus=2, node_ip_address=LOOPBACK)
+            c.wait_for_nodes()
+            ray.init(address=c.address, log_to_driver=False, _node_ip_address=LOOPBACK)
+            yield c
+        finally:
+            ray.shutdown()
+            c.shutdown()
+            if old is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = old
+
+
+def _off_loopback_sockets(root: int | None = None) -> list[str]:
+    """TCP sockets of ``root`` (default: this process) and its descendants not on 127.0.0.0/8.
+
+    A listening socket must be bound to a loopback address (not to the host's address
+    nor to 0.0.0.0 / ::), a connected one must have both ends on loopback.
+    """
+    import psutil
+
+    from fitness.ray import is_loopback
+
+    me = psutil.Process(root if root is not None else os.getpid())
+    bad = []
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            conns = (proc.net_connections if hasattr(proc, "net_connections") else proc.connections)(kind="tcp")
+            name = proc.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        for c in conns:
+            ends = [c.laddr] + ([c.raddr] if c.raddr else [])
+            if not all(is_loopback(e.ip) for e in ends):
+                bad.append(f"{name}[{proc.pid}] {c.status} {c.laddr} -> {c.raddr or '-'}")
+    return bad
 
 
 def _cpu_genomes() -> list[Genome]:
@@ -184,7 +213,57 @@ def test_importing_fitness_ray_does_not_import_ray() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_is_loopback() -> None:
+    from fitness.ray import is_loopback
+
+    assert all(is_loopback(a) for a in ("127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1", "localhost"))
+    assert not any(is_loopback(a) for a in ("0.0.0.0", "::", "192.0.2.2", "10.0.0.1", "::ffff:192.0.2.2", "example"))
+
+
+_LOCAL_RAY = """
+import json
+from fitness import HostScore
+from fitness.ray import RayExecutor, node_addresses
+from tests.evo import cpu_problem
+from tests.fitness.test_ray_executor import _off_loopback_sockets
+
+ex = RayExecutor(cpu_problem.make_problem(), [HostScore(cpu_problem.score_fn)], preflight=False,
+                 init_kwargs={"num_cpus": 1, "log_to_driver": False})
+try:
+    r = ex.evaluate(cpu_problem.seed_genome())
+    print(json.dumps({"status": r.status.value, "nodes": node_addresses(), "off_loopback": _off_loopback_sockets()}))
+finally:
+    ex.close()
+"""
+
+
+def test_executor_starts_its_own_ray_on_loopback_only() -> None:
+    """RayExecutor(address=None) without a Ray: a private cluster on 127.0.0.1, no other address used."""
+    pytest.importorskip("ray")
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    out = subprocess.run([sys.executable, "-c", _LOCAL_RAY], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rep = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rep["status"] == "ok"
+    assert rep["nodes"] == [LOOPBACK]
+    assert rep["off_loopback"] == []
+
+
 # --------------------------------------------------------------------------- on the cluster
+
+
+def test_cluster_and_driver_keep_to_loopback(cluster: Any) -> None:
+    """Every node registered on 127.0.0.1; no Ray process listens on or talks to another address."""
+    from fitness.ray import node_addresses
+
+    assert node_addresses() == [LOOPBACK] * 3
+    assert _off_loopback_sockets() == []
 
 
 def test_cpu_problem_same_results_as_local_with_killed_worker(cluster: Any, tmp_path: Path) -> None:
@@ -282,11 +361,13 @@ def test_device_hang_costs_the_worker_not_the_actor(cluster: Any, tmp_path: Path
         after = ex.submit(Genome("dev", {"X": 3, "MODE": "ok"}, entry="k"))
         r1, r2 = hang.result(timeout=90), after.result(timeout=90)
         stats = ex.stats()
+        off = _off_loopback_sockets()  # with an actor and its fitness worker alive
     finally:
         ex.close()
     assert r1.status is Status.TIMEOUT
     assert r2.status is Status.OK and r2.fitness == 9.0
     assert stats["actor_failures"] == 0 and stats["respawns"] >= 1
+    assert off == []
     recs = [p.name.split("-") for p in marks.iterdir()]
     assert len({a for a, _, _ in recs}) == 1  # one actor throughout
     assert len({w for _, w, _ in recs}) == 2  # its worker was replaced after the hang

@@ -217,3 +217,113 @@ def test_host_stage_after_device_stage():
     with Evaluator(problem(), [BehaveWithData(), HostScore(score_from_device_metrics)], devices=["0"]) as ev:
         e = ev.evaluate(g("ok"))
     assert e.ok and e.fitness == 5.0 and set(e.stage_times) == {"behave_data", "host_score"}
+
+
+def test_outcome_stage_results_reads_every_kind():
+    """WorkerOutcome.stage_results: the one reading of a worker's reply (Evaluator and Ray actors)."""
+    from fitness import WorkerOutcome
+
+    ok = StageResult(ok=True, metrics={"m": 1})
+    names = ["a", "b", "c"]
+    assert WorkerOutcome("ok", results=[("a", ok, 0.1)]).stage_results(names, 5.0) == [("a", ok, 0.1)]
+
+    out = WorkerOutcome("timeout", results=[("a", ok, 0.5)], stderr_tail="late", seconds=3.0)
+    (n0, r0, _), (name, res, secs) = out.stage_results(names, 2.5)
+    assert (n0, r0) == ("a", ok) and name == "b" and secs == pytest.approx(2.5)
+    assert res.status is Status.TIMEOUT and "'b' ran past the device timeout (2.5s)" in res.artifacts["reason"]
+    assert res.artifacts["stderr"] == "late" and not res.ok
+
+    for kind in ("fault", "error"):
+        [(name, res, _)] = WorkerOutcome(kind, message="boom", traceback="TB").stage_results(names, 1.0)
+        assert name == "a" and res.status is Status.RUNTIME_ERROR
+        assert res.artifacts == {"reason": "boom", "traceback": "TB"}
+
+    died = WorkerOutcome("died", results=[("a", ok, 0.1), ("b", ok, 0.1)], message="worker exited (code 3)",
+                         stderr_tail="segfault\n", seconds=0.1)
+    name, res, secs = died.stage_results(names, 1.0)[-1]
+    assert name == "c" and secs == 0.0 and res.status is Status.RUNTIME_ERROR
+    assert res.artifacts["reason"] == "worker exited (code 3) during stage 'c'; stderr tail:\nsegfault"
+
+    # a failed gate is the answer, whatever happened to the worker afterwards
+    gate = StageResult.fail(Status.INCORRECT, "mismatch")
+    assert WorkerOutcome("fault", results=[("a", gate, 0.2)]).stage_results(names, 1.0) == [("a", gate, 0.2)]
+
+
+# --------------------------------------------------------------------------- the worker dies with its parent
+
+
+class MarkAndHang(Stage):
+    """A device stage that writes ``<worker pid>`` into ``directory`` and then hangs."""
+
+    name = "mark_and_hang"
+    where = "device"
+    needs_gpu = False
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def run(self, job, ctx):
+        from pathlib import Path
+
+        Path(self.directory, str(os.getpid())).write_text("busy")
+        time.sleep(1000)
+        return StageResult(ok=True, fitness=1.0)
+
+
+_PARENT = """
+import sys
+from fitness import Job, WorkerProcess
+from tests.fitness.test_worker import MarkAndHang, g, problem
+
+w = WorkerProcess("0", start_timeout=60)
+w.start()
+w.run(1, Job(g("ok"), problem(), {}), [MarkAndHang(sys.argv[1])], {}, 0, 1000.0)
+"""
+
+
+def _proc_state(pid: int) -> str | None:
+    """The State letter of /proc/<pid>/status (None when the pid is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("State:"):
+                    return line.split()[1]
+    except OSError:
+        return None
+    return None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_worker_dies_with_its_parent(tmp_path):
+    """The parent (driver / Ray actor stand-in) is SIGKILLed while its worker is busy in a stage."""
+    import signal
+    import subprocess
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tmp_path)], cwd=repo,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    worker = None
+    try:
+        deadline = time.monotonic() + 60
+        while worker is None and time.monotonic() < deadline:
+            marks = list(tmp_path.iterdir())
+            if marks:
+                worker = int(marks[0].name)
+            elif parent.poll() is not None:
+                pytest.fail(f"the parent exited early: {parent.stderr.read().decode()[-2000:]}")
+            else:
+                time.sleep(0.05)
+        assert worker is not None, "the worker never reached its stage"
+        assert _proc_state(worker) not in (None, "Z", "X")
+        parent.kill()  # SIGKILL: no cleanup code of the parent runs
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while _proc_state(worker) not in (None, "Z", "X") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _proc_state(worker) in (None, "Z", "X"), "the worker outlived its killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait(timeout=30)
+        if worker is not None and _proc_state(worker) not in (None, "Z", "X"):
+            os.kill(worker, signal.SIGKILL)
