@@ -105,13 +105,21 @@ def normalize_source(source: str) -> str:
     return "".join(out).strip()
 
 
+_SCALAR_TYPES = (str, int, float, bool, type(None), bytes)
+
+
 def _plain(value: Any) -> Any:
     """Convert to JSON/msgpack-safe plain values (tuples to lists, numpy scalars to Python)."""
-    if isinstance(value, Mapping):
+    t = type(value)
+    if t in _SCALAR_TYPES:  # fast path: exact built-in types (the common case)
+        return value
+    if t is dict or isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if t is list or t is tuple or isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (bytes, str)):
+    if isinstance(value, (str, bytes)):
+        return value
+    if hasattr(value, "item") and callable(value.item):
         try:
             return value.item()
         except (TypeError, ValueError):
