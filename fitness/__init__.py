@@ -34,10 +34,10 @@ from fitness._evaluator import Evaluator, EvaluatorConfigError, HostScore, check
 from fitness._resources import Resources, parse_ptxas_report, ptxas_entries
 from fitness._stage import CudaFault, Job, Stage, StageContext, StageResult
 from fitness._static import StaticCheck, check_genome, static_violations
-from fitness._worker import WorkerOutcome, WorkerProcess, is_cuda_fault, visible_devices
+from fitness._worker import WorkerOutcome, WorkerProcess, is_cuda_fault, set_parent_death_signal, visible_devices
 
 __all__ = [
-    "CudaFault", "Job", "Stage", "StageContext", "StageResult",
+    "CudaFault", "Job", "Stage", "StageContext", "StageResult", "set_parent_death_signal",
     "StaticCheck", "check_genome", "static_violations",
     "Compile", "CompileResult", "ProcResult", "compile_genome", "compile_source", "run_limited", "toolkit_version",
     "truncate_log",
