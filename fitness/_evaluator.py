@@ -49,6 +49,21 @@ DEFAULT_DEVICE_TIMEOUT = 120.0
 DEFAULT_INIT_TIMEOUT = 300.0
 
 
+def check_stages(stages: Sequence[Stage]) -> None:
+    """Raise :class:`EvaluatorConfigError` unless every stage is a Stage with a known
+    ``where`` and a distinct name (shared by every executor)."""
+    names = []
+    for s in stages:
+        if not isinstance(s, Stage):
+            raise EvaluatorConfigError(f"stage {s!r} is not a fitness.Stage instance")
+        if s.where not in ("host", "device"):
+            raise EvaluatorConfigError(f"stage {s!r} has where={s.where!r}; use 'host' or 'device'")
+        names.append(s.name)
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise EvaluatorConfigError(f"stage names repeat ({dup}); give each stage a distinct name")
+
+
 class EvaluatorConfigError(RuntimeError):
     """The harness is set up wrongly (not a candidate's fault); the message says what to fix."""
 
@@ -253,16 +268,7 @@ class Evaluator:
     # -- construction checks ---------------------------------------------------------
 
     def _check_stages(self) -> None:
-        names = []
-        for s in self.stages:
-            if not isinstance(s, Stage):
-                raise EvaluatorConfigError(f"stage {s!r} is not a fitness.Stage instance")
-            if s.where not in ("host", "device"):
-                raise EvaluatorConfigError(f"stage {s!r} has where={s.where!r}; use 'host' or 'device'")
-            names.append(s.name)
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise EvaluatorConfigError(f"stage names repeat ({dup}); give each stage a distinct name")
+        check_stages(self.stages)
 
     def _check_pickles(self) -> None:
         dev_stages = [s for s in self.stages if s.where == "device"]

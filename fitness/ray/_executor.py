@@ -45,7 +45,13 @@ from typing import Any
 
 from evo.types import DeviceInfo, Evaluation, Genome, Problem, Status
 from fitness._compile import DEFAULT_COMPILE_TIMEOUT
-from fitness._evaluator import DEFAULT_DEVICE_TIMEOUT, DEFAULT_INIT_TIMEOUT, EvaluatorConfigError, default_stages
+from fitness._evaluator import (
+    DEFAULT_DEVICE_TIMEOUT,
+    DEFAULT_INIT_TIMEOUT,
+    EvaluatorConfigError,
+    check_stages,
+    default_stages,
+)
 from fitness._stage import Job, Stage, StageContext, StageResult
 from fitness.ray._loopback import init_local_ray
 
@@ -341,16 +347,7 @@ def _retryable_errors(ray: Any) -> tuple[type[BaseException], ...]:
 
 def _check_stages(stages: Sequence[Stage]) -> None:
     """The local Evaluator's stage checks, plus: host stages come before device stages."""
-    names = []
-    for s in stages:
-        if not isinstance(s, Stage):
-            raise EvaluatorConfigError(f"stage {s!r} is not a fitness.Stage instance")
-        if s.where not in ("host", "device"):
-            raise EvaluatorConfigError(f"stage {s!r} has where={s.where!r}; use 'host' or 'device'")
-        names.append(s.name)
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise EvaluatorConfigError(f"stage names repeat ({dup}); give each stage a distinct name")
+    check_stages(stages)
     kinds = [s.where for s in stages]
     if "device" in kinds and "host" in kinds[kinds.index("device"):]:
         raise EvaluatorConfigError(f"the Ray executor runs host stages before device stages; reorder "
