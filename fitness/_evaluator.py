@@ -193,6 +193,9 @@ class Evaluator:
         seed: Derive the secret per-evaluation seeds from this (reproducible tests);
             default: :func:`secrets.randbits`.
         init_timeout: Extra seconds for a worker's first job.
+        options: Further options handed to every stage through ``StageContext.options``,
+            e.g. the Timing stage's ``timing_batches``, ``min_batch_ms``, ``warmup_ms``,
+            ``timing_target_ms`` and ``max_sets`` (they override the stage's own defaults).
 
     Raises:
         ProblemError: The Problem is not valid, its target does not compile, or its
@@ -205,7 +208,7 @@ class Evaluator:
                  devices: Sequence[str | int] | None = None, compile_workers: int | None = None,
                  cache_dir: str | os.PathLike[str] | None = None, timeout: float = DEFAULT_COMPILE_TIMEOUT,
                  device_timeout: float = DEFAULT_DEVICE_TIMEOUT, keep_ptx: bool = False, seed: int | None = None,
-                 init_timeout: float = DEFAULT_INIT_TIMEOUT) -> None:
+                 init_timeout: float = DEFAULT_INIT_TIMEOUT, options: Mapping[str, Any] | None = None) -> None:
         self.problem = problem
         self.stages: list[Stage] = list(default_stages() if stages is None else stages)
         self._check_stages()
@@ -214,6 +217,10 @@ class Evaluator:
         self.options: dict[str, Any] = {"compile_timeout": float(timeout), "device_timeout": float(device_timeout),
                                         "keep_ptx": bool(keep_ptx),
                                         "cache_dir": os.fspath(cache_dir) if cache_dir is not None else None}
+        clash = sorted(set(options or {}) & set(self.options))
+        if clash:
+            raise EvaluatorConfigError(f"options {clash} are set through their own arguments, not options=")
+        self.options.update(options or {})
         for s in self.stages:
             check = getattr(s, "check_target", None)
             if callable(check):

@@ -162,3 +162,26 @@ def test_config_errors():
     with Evaluator(host_problem(), [HostScore(score_registers)]) as ev:
         with pytest.raises(TypeError):
             ev.submit("not a genome")
+
+
+class EchoOptions(Stage):
+    """Scores with the option it was handed, to prove Evaluator(options=...) reaches stages."""
+
+    name = "echo"
+
+    def run(self, job, ctx):
+        return StageResult(ok=True, fitness=float(ctx.options["timing_batches"]),
+                           metrics={"options": {k: ctx.options[k] for k in ("timing_batches", "compile_timeout")}})
+
+
+def test_options_reach_every_stage(tmp_path):
+    with Evaluator(host_problem(), [EchoOptions()], cache_dir=tmp_path, timeout=33,
+                   options={"timing_batches": 7}) as ev:
+        e = ev.evaluate(Genome(SIMPLE_KERNEL, {"THREADS": 128}))
+    assert e.status is Status.OK and e.fitness == 7.0
+    assert e.metrics["options"] == {"timing_batches": 7, "compile_timeout": 33.0}
+
+
+def test_options_may_not_shadow_arguments(tmp_path):
+    with pytest.raises(EvaluatorConfigError, match="compile_timeout"):
+        Evaluator(host_problem(), [EchoOptions()], cache_dir=tmp_path, options={"compile_timeout": 1})
