@@ -99,8 +99,11 @@ class AddResult:
     duplicate: bool = False
 
 
+_U64 = struct.Struct(">Q")
+
+
 def _u64(n: int) -> bytes:
-    return struct.pack(">Q", n)
+    return _U64.pack(n)
 
 
 def _read_u64(raw: bytes | None) -> int:
@@ -367,76 +370,135 @@ class Archive:
     # -- writes --------------------------------------------------------------------
 
     def _prepare(self, record: Record) -> Record:
+        """A private copy of ``record`` with its cell and descriptors set (seq is set on insert)."""
         if not isinstance(record, Record):
             raise InvalidRecordError(f"add() takes a Record, got {type(record).__name__}")
-        if record.status is not Status.OK:
-            return record.replace(cell=None)  # always a private copy: _insert sets its seq
+        rec = record._copy()  # always a private copy: _insert sets its seq
+        fields = rec.__dict__
+        if record.evaluation.status is not Status.OK:
+            fields["cell"] = None
+            return rec
         assert self.problem is not None
         try:
             values = self.problem.descriptor_values(record.genome, record.evaluation)
-            cell = tuple(axis.index(values[axis.name]) for axis in self._axes)
+            cell = tuple([int(axis.index(values[axis.name])) for axis in self._axes])
         except SpaceError as e:
             raise InvalidRecordError(
                 f"record {record.id[:12]} cannot be placed in the grid: {e}. Its params, resources or metrics "
                 f"must give every descriptor ({', '.join(a.name for a in self._axes)}) a valid value; "
                 "nothing was written") from None
-        return record.replace(cell=cell, descriptors=values)
+        fields["cell"] = cell
+        fields["descriptors"] = values
+        return rec
 
-    def _insert(self, txn: Txn, rec: Record, st: dict[str, Any]) -> tuple[AddResult, tuple[Any, ...] | None]:
-        key = rec.id.encode("ascii")
-        if key in st["batch"]:
-            return AddResult(AddStatus.NOT_ADDED, st["batch"][key], None, duplicate=True), None
-        existing = txn.get("records", key)
-        if existing is not None:
-            return AddResult(AddStatus.NOT_ADDED, self._decode(existing), None, duplicate=True), None
-        seq = st["seq"]
-        st["seq"] = seq + 1
-        object.__setattr__(rec, "seq", seq)  # rec is the private copy made by _prepare
-        try:
-            data = dumps(rec)
-        except CodecError as e:
-            raise InvalidRecordError(f"record {rec.id[:12]} cannot be encoded: {e}; nothing was written") from None
-        st["batch"][key] = rec
-        txn.put("records", key, data)
-        txn.put("index", b"s" + _u64(seq), key + b"\0" + rec.status.value.encode())
-        for parent in rec.parents:
-            txn.put("lineage", str(parent).encode() + b"/" + key, rec.operator.encode())
-        st["counts"][rec.status.value] = st["counts"].get(rec.status.value, 0) + 1
-        if rec.cell is None:
-            return AddResult(AddStatus.NOT_ADDED, rec, None), None
-        fit = float(rec.fitness)  # type: ignore[arg-type]
-        if math.isfinite(fit):
-            st["min"] = fit if st["min"] is None else min(st["min"], fit)
-        ck = _cell_key(rec.cell)
-        cur = txn.get("cells", ck)
-        previous = None
-        if cur is not None:
-            cid, cfit, _ = unpack_raw(cur)
-            prev_raw = st["batch"].get(cid.encode()) or self._cache.get(cid) or txn.get("records", cid.encode())
-            previous = prev_raw if isinstance(prev_raw, Record) else (
-                self._decode(prev_raw) if prev_raw is not None else None)
-            if not fit > cfit:
-                return AddResult(AddStatus.NOT_ADDED, rec, previous), None
-        txn.put("cells", ck, pack_raw([rec.id, fit, seq]))
-        status = AddStatus.NEW if cur is None else AddStatus.IMPROVED
-        return AddResult(status, rec, previous), (rec.cell, rec.id, fit, seq)
+    def _insert_all(self, txn: Txn, prepared: list[Record], seq0: int,
+                    ) -> tuple[list[tuple[AddResult, tuple[Any, ...] | None]], int, dict[str, int], float | None]:
+        """Write a batch inside ``txn``: what the grid does with each record, in input order.
+
+        Reads first (one duplicate lookup for the whole batch, one lookup per cell touched),
+        then decides every record in order in memory, then writes each sub-database in one
+        call; the stored result is the same as adding the records one by one.
+        """
+        keys = [rec.genome.id.encode("ascii") for rec in prepared]
+        stored = dict(zip(keys, txn.get_many("records", keys), strict=True))
+        batch: dict[bytes, Record] = {}
+        cells: dict[bytes, tuple[str, float] | None] = {}
+        winners: dict[bytes, bytes] = {}
+        rec_items: list[tuple[bytes, bytes]] = []
+        index_items: list[tuple[bytes, bytes]] = []
+        lineage_items: list[tuple[bytes, bytes]] = []
+        counts: dict[str, int] = {}
+        low: float | None = None
+        seq = seq0
+        out: list[tuple[AddResult, tuple[Any, ...] | None]] = []
+        append = out.append
+        pack_seq = _U64.pack
+        for rec, key in zip(prepared, keys, strict=True):
+            if key in batch:
+                append((AddResult(AddStatus.NOT_ADDED, batch[key], None, duplicate=True), None))
+                continue
+            existing = stored[key]
+            if existing is not None:
+                append((AddResult(AddStatus.NOT_ADDED, self._decode(existing), None, duplicate=True), None))
+                continue
+            fields = rec.__dict__
+            fields["seq"] = seq  # rec is the private copy made by _prepare
+            try:
+                data = dumps(rec)
+            except CodecError as e:
+                raise InvalidRecordError(f"record {rec.id[:12]} cannot be encoded: {e}; nothing was written") \
+                    from None
+            batch[key] = rec
+            rec_items.append((key, data))
+            status = rec.evaluation.status.value
+            index_items.append((b"s" + pack_seq(seq), key + b"\0" + status.encode()))
+            if rec.parents:
+                op = rec.operator.encode()
+                for parent in rec.parents:
+                    lineage_items.append((str(parent).encode() + b"/" + key, op))
+            counts[status] = counts.get(status, 0) + 1
+            this_seq = seq
+            seq += 1
+            cell = fields["cell"]
+            if cell is None:
+                append((AddResult(AddStatus.NOT_ADDED, rec, None), None))
+                continue
+            fit = float(rec.evaluation.fitness)  # type: ignore[arg-type]
+            if math.isfinite(fit):
+                low = fit if low is None or fit < low else low
+            ck = _cell_key(cell)
+            if ck in cells:
+                cur = cells[ck]
+            else:
+                raw = txn.get("cells", ck)
+                if raw is None:
+                    cur = None
+                else:
+                    cid, cfit, _ = unpack_raw(raw)
+                    cur = (cid, cfit)
+                cells[ck] = cur
+            previous = None
+            if cur is not None:
+                cid, cfit = cur
+                ckey = cid.encode()
+                prev = batch.get(ckey) or self._cache.get(cid)
+                if prev is None:
+                    prev_raw = txn.get("records", ckey)
+                    prev = self._decode(prev_raw) if prev_raw is not None else None
+                previous = prev
+                if not fit > cfit:
+                    append((AddResult(AddStatus.NOT_ADDED, rec, previous), None))
+                    continue
+            cells[ck] = (rec.genome.id, fit)
+            winners[ck] = pack_raw([rec.genome.id, fit, this_seq])
+            append((AddResult(AddStatus.NEW if cur is None else AddStatus.IMPROVED, rec, previous),
+                    (cell, rec.genome.id, fit, this_seq)))
+        if rec_items:
+            rec_items.sort()
+            txn.put_many("records", rec_items)
+            txn.put_many("index", index_items)
+            if lineage_items:
+                lineage_items.sort()
+                txn.put_many("lineage", lineage_items)
+            if winners:
+                txn.put_many("cells", sorted(winners.items()))
+        return out, seq, counts, low
 
     def _write_batch(self, prepared: list[Record]) -> list[AddResult]:
         for attempt in range(_RETRIES):
             try:
                 with self._store.transaction() as txn:
                     seq0 = _read_u64(txn.get("header", _NEXT_SEQ))
-                    st: dict[str, Any] = {"seq": seq0, "counts": {}, "min": None, "batch": {}}
-                    out = [self._insert(txn, rec, st) for rec in prepared]
-                    if st["seq"] != seq0:
-                        txn.put("header", _NEXT_SEQ, _u64(st["seq"]))
-                        for status, n in st["counts"].items():
+                    out, seq, counts, low = self._insert_all(txn, prepared, seq0)
+                    if seq != seq0:
+                        txn.put("header", _NEXT_SEQ, _u64(seq))
+                        for status, n in counts.items():
                             k = b"count/" + status.encode()
                             txn.put("header", k, _u64(_read_u64(txn.get("header", k)) + n))
-                        if st["min"] is not None:
+                        if low is not None:
                             raw = txn.get("header", _MIN_FIT)
-                            if raw is None or st["min"] < struct.unpack(">d", raw)[0]:
-                                txn.put("header", _MIN_FIT, struct.pack(">d", st["min"]))
+                            if raw is None or low < struct.unpack(">d", raw)[0]:
+                                txn.put("header", _MIN_FIT, struct.pack(">d", low))
                 break
             except TransactionConflict:
                 if attempt == _RETRIES - 1:
@@ -445,10 +507,10 @@ class Archive:
         if self._token == seq0:
             for _, change in out:
                 if change is not None:
-                    cell, gid, fit, seq = change
-                    self._elites[cell] = (gid, fit, seq)
+                    cell, gid, fit, seq_ = change
+                    self._elites[cell] = (gid, fit, seq_)
                     self._elite_list = None
-            self._token = st["seq"]
+            self._token = seq
         else:
             self._token = None
         for res, change in out:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ from typing import Any
 import lmdb
 
 from archive._errors import ArchiveError, CorruptArchiveError, NotAnArchiveError, TransactionConflict
-from archive._store import Store, Txn, check_key, prefix_end
+from archive._store import MAX_KEY_BYTES, Store, Txn, check_items, check_key, prefix_end
 
 __all__ = ["DEFAULT_MAP_SIZE", "LMDBStore"]
 
@@ -167,7 +167,7 @@ class _LMDBTxn(Txn):
         self._store = store
         self._sh = store._sh
         self._reads: list[tuple[str, tuple[Any, ...], Any]] = []
-        self._ops: list[tuple[str, str, bytes, bytes | None]] = []
+        self._ops: list[tuple[str, str, bytes, Any]] = []
         self._txn: lmdb.Transaction = self._store._begin_write()
 
     def _h(self, db: str) -> Any:
@@ -187,6 +187,9 @@ class _LMDBTxn(Txn):
                 for op, db, key, value in self._ops:
                     if op == "put":
                         self._txn.put(key, value, db=self._h(db))
+                    elif op == "put_many":
+                        with self._txn.cursor(db=self._h(db)) as cur:
+                            cur.putmulti(value)
                     else:
                         self._txn.delete(key, db=self._h(db))
                 return
@@ -198,6 +201,10 @@ class _LMDBTxn(Txn):
 
     def _raw_get(self, db: str, key: bytes) -> bytes | None:
         return self._txn.get(key, db=self._h(db))
+
+    def _raw_get_many(self, db: str, keys: tuple[bytes, ...]) -> list[bytes | None]:
+        get, h = self._txn.get, self._h(db)
+        return [get(k, db=h) for k in keys]
 
     def _raw_scan(self, db: str, prefix: bytes, reverse: bool) -> list[tuple[bytes, bytes]]:
         with self._txn.cursor(db=self._h(db)) as cur:
@@ -212,6 +219,31 @@ class _LMDBTxn(Txn):
         v = self._raw_get(db, key)
         self._reads.append(("get", (db, key), v))
         return v
+
+    def get_many(self, db: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        self._store._check_db(db)
+        keys = tuple(keys)
+        for k in keys:
+            if type(k) is not bytes or not 0 < len(k) <= MAX_KEY_BYTES:
+                check_key(db, k, self._store.DBS)
+                keys = tuple(bytes(k) for k in keys)
+                break
+        vals = self._raw_get_many(db, keys)
+        self._reads.append(("get_many", (db, keys), vals))
+        return vals
+
+    def put_many(self, db: str, items: Sequence[tuple[bytes, bytes]]) -> None:
+        pairs = check_items(db, items, self._store.DBS)
+        if not pairs:
+            return
+        while True:
+            try:
+                with self._txn.cursor(db=self._h(db)) as cur:
+                    cur.putmulti(pairs)
+                break
+            except lmdb.MapFullError:
+                self._grow_and_replay()  # replays the writes before this call; then redo all of these
+        self._ops.append(("put_many", db, b"", pairs))
 
     def scan(self, db: str, prefix: bytes = b"", reverse: bool = False) -> list[tuple[bytes, bytes]]:
         self._store._check_db(db)

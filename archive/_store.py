@@ -10,6 +10,8 @@ Contract (every implementation, checked by :class:`archive.testing.StoreContract
   order (reversed with ``reverse=True``); returned bytes never change afterwards. A scan
   reflects a consistent snapshot per chunk, not necessarily of the whole iteration.
 * Keys are non-empty bytes of at most 500 bytes (LMDB's default limit is 511).
+* ``Txn.get_many`` / ``Txn.put_many`` behave exactly like ``get`` / ``put`` per key, in order
+  (stores may do them in one call; the LMDB store does).
 * Stores are safe to use from several threads of one process; write transactions are
   serialised. Persistent stores are also safe across processes.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import ClassVar
 
@@ -35,6 +37,25 @@ def check_key(db: str, key: bytes, dbs: tuple[str, ...]) -> None:
         raise TypeError(f"keys are bytes, got {type(key).__name__}")
     if not key or len(key) > MAX_KEY_BYTES:
         raise ValueError(f"key length {len(key)} outside 1..{MAX_KEY_BYTES} bytes")
+
+
+def check_items(db: str, items: Sequence[tuple[bytes, bytes]], dbs: tuple[str, ...]) -> list[tuple[bytes, bytes]]:
+    """Check every pair as ``put`` does; return them as a list of ``(bytes, bytes)``."""
+    if db not in dbs:
+        raise KeyError(f"unknown sub-database {db!r}; the store has {', '.join(dbs)}")
+    items = list(items)
+    copy = False
+    for k, v in items:
+        if type(k) is not bytes or not 0 < len(k) <= MAX_KEY_BYTES:
+            check_key(db, k, dbs)
+            copy = True
+        if type(v) is not bytes:
+            if not isinstance(v, (bytes, bytearray, memoryview)):
+                raise TypeError(f"values are bytes, got {type(v).__name__}")
+            copy = True
+    if copy:
+        return [(bytes(k), bytes(v)) for k, v in items]
+    return items
 
 
 def prefix_end(prefix: bytes) -> bytes | None:
@@ -70,6 +91,15 @@ class Txn(ABC):
     @abstractmethod
     def count(self, db: str) -> int:
         """Number of keys in ``db`` as this transaction sees it."""
+
+    def get_many(self, db: str, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values under ``keys`` (None where absent), in order; like ``get`` for each key."""
+        return [self.get(db, k) for k in keys]
+
+    def put_many(self, db: str, items: Sequence[tuple[bytes, bytes]]) -> None:
+        """Write every ``(key, value)`` pair in order; like ``put`` for each pair."""
+        for k, v in items:
+            self.put(db, k, v)
 
 
 class Store(ABC):

@@ -137,6 +137,41 @@ class StoreContract:
         assert store.get("records", b"extra") is None
         assert store.count("records") == 1
 
+    def test_put_many_and_get_many(self, store: Store) -> None:
+        store.put("records", b"old", b"o")
+        # ~600 KB in one transaction: a store with a small initial map must grow inside it
+        items = [(b"k%04d" % i, bytes([i % 256]) * 3000) for i in range(200)]
+        with store.transaction() as txn:
+            txn.put("index", b"first", b"1")
+            txn.put_many("records", items[:100])
+            txn.put_many("records", items[100:] + [(b"old", b"new")])
+            got = txn.get_many("records", [b"k0000", b"missing", b"k0199", b"old"])
+            assert got == [items[0][1], None, items[199][1], b"new"]
+            assert store.get("records", b"k0000") is None  # not visible before commit
+        assert store.count("records") == 201
+        assert store.get("records", b"k0150") == items[150][1]
+        assert store.get("records", b"old") == b"new"
+        assert store.get("index", b"first") == b"1"
+        with store.transaction() as txn:
+            with pytest.raises(ValueError):
+                txn.put_many("records", [(b"ok", b"v"), (b"", b"v")])
+            with pytest.raises(TypeError):
+                txn.put_many("records", [(b"ok", "not bytes")])  # type: ignore[list-item]
+            with pytest.raises(KeyError):
+                txn.get_many("nope", [b"k"])
+            txn.put_many("records", [])
+
+    def test_put_many_rolls_back_on_error(self, store: Store) -> None:
+        class Boom(Exception):
+            pass
+
+        with pytest.raises(Boom):
+            with store.transaction() as txn:
+                txn.put_many("records", [(b"a", b"1"), (b"b", b"2")])
+                raise Boom()
+        assert store.get("records", b"a") is None
+        assert store.count("records") == 0
+
     def test_delete(self, store: Store) -> None:
         store.put("records", b"a", b"1")
         with store.transaction() as txn:

@@ -12,6 +12,7 @@ on decode, NaN and infinities round-trip, bytes stay bytes (``use_bin_type``).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import msgpack
@@ -46,16 +47,41 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__}")
 
 
+_LOCAL = threading.local()
+
+
 def _pack(payload: Any) -> bytes:
+    # One Packer per thread, reused: ``msgpack.packb`` allocates a fresh 256 KiB buffer per call,
+    # which costs more than packing a typical record. ``busy`` guards re-entry (a ``default``
+    # hook that encodes) so a nested call packs with a fresh Packer instead of sharing the buffer.
+    local = _LOCAL
+    packer = getattr(local, "packer", None)
     try:
-        return msgpack.packb(payload, use_bin_type=True, default=_default, strict_types=False)
+        if packer is None or local.busy:
+            if packer is None:
+                local.packer = msgpack.Packer(use_bin_type=True, default=_default, strict_types=False,
+                                              autoreset=True)
+                local.busy = False
+            else:
+                return msgpack.packb(payload, use_bin_type=True, default=_default, strict_types=False)
+            packer = local.packer
+        local.busy = True
+        try:
+            return packer.pack(payload)  # type: ignore[no-any-return]
+        finally:
+            local.busy = False
     except (TypeError, OverflowError, ValueError) as e:
         raise CodecError(f"value cannot be encoded: {e}") from e
 
 
 def dumps(obj: Genome | Evaluation | Record | Lesson) -> bytes:
     """Encode a core value with the schema version and its kind."""
-    kind = _KIND_OF.get(type(obj))
+    t = type(obj)
+    if t is Record:  # the hot path (archive inserts): no defensive copies of the genome's params
+        return _pack([SCHEMA_VERSION, "record", obj._payload(obj.genome._payload())])  # type: ignore[union-attr]
+    if t is Genome:
+        return _pack([SCHEMA_VERSION, "genome", obj._payload()])  # type: ignore[union-attr]
+    kind = _KIND_OF.get(t)
     if kind is None:
         raise CodecError(f"dumps() takes Genome, Evaluation, Record or Lesson, got {type(obj).__name__}; "
                          "use pack_raw() for plain data")

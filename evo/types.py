@@ -149,6 +149,20 @@ def thaw(value: Any) -> Any:
     return value
 
 
+def _plain_map(value: Any) -> Any:
+    """``_plain(value)`` for a field declared as a Mapping, fast for flat dicts of scalars."""
+    if type(value) is not dict:
+        return _plain(value)
+    if not value:
+        return {}
+    out = {}
+    for k, v in value.items():
+        t = type(v)
+        out[k if type(k) is str else str(k)] = v if t in _SCALAR_TYPES else (
+            _plain_map(v) if t is dict else _plain(v))
+    return out
+
+
 # --------------------------------------------------------------------------- Genome
 
 
@@ -230,8 +244,33 @@ class Genome:
             out.append(f"-D{k}={v}")
         return out
 
+    def _plain_params(self) -> dict[str, Any]:
+        """``thaw(self.params)``, computed once per genome; callers must not mutate it."""
+        try:
+            return self.__dict__["_thawed"]  # type: ignore[no-any-return]
+        except KeyError:
+            pass
+        thawed = dict(self.params)
+        for v in thawed.values():
+            if type(v) not in _SCALAR_TYPES:
+                thawed = thaw(self.params)
+                break
+        object.__setattr__(self, "_thawed", thawed)
+        return thawed
+
+    def _payload(self) -> dict[str, Any]:
+        """:meth:`to_dict` sharing the cached params dict (for encoding only; do not mutate)."""
+        return {"source": self.source, "params": self._plain_params(), "entry": self.entry,
+                "language": self.language, "id": self._id}  # type: ignore[attr-defined]
+
     def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "params": thaw(self.params), "entry": self.entry, "language": self.language,
+        thawed = self._plain_params()
+        params = dict(thawed)
+        for v in params.values():
+            if type(v) not in _SCALAR_TYPES:
+                params = thaw(thawed)
+                break
+        return {"source": self.source, "params": params, "entry": self.entry, "language": self.language,
                 "id": self.id}
 
     @classmethod
@@ -319,13 +358,13 @@ class Evaluation:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "status": self.status.value,
+            "status": self.status._value_,
             "fitness": self.fitness,
-            "metrics": _plain(self.metrics),
-            "resources": _plain(self.resources),
+            "metrics": _plain_map(self.metrics),
+            "resources": _plain_map(self.resources),
             "artifacts": dict(self.artifacts),
-            "stage_times": _plain(self.stage_times),
-            "device": _plain(self.device),
+            "stage_times": _plain_map(self.stage_times),
+            "device": _plain_map(self.device),
         }
 
     @classmethod
@@ -401,20 +440,29 @@ class Record:
     def replace(self, **changes: Any) -> Record:
         return replace(self, **changes)
 
-    def to_dict(self) -> dict[str, Any]:
+    def _copy(self) -> Record:
+        """A shallow copy that skips ``__init__`` (the fields are already normalised)."""
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
+    def _payload(self, genome: dict[str, Any]) -> dict[str, Any]:
         return {
-            "genome": self.genome.to_dict(),
+            "genome": genome,
             "evaluation": self.evaluation.to_dict(),
             "parents": list(self.parents),
             "operator": self.operator,
             "generation": self.generation,
             "island": self.island,
             "cell": list(self.cell) if self.cell is not None else None,
-            "descriptors": _plain(self.descriptors),
+            "descriptors": _plain_map(self.descriptors),
             "created": self.created,
             "seq": self.seq,
-            "meta": _plain(self.meta),
+            "meta": _plain_map(self.meta),
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        return self._payload(self.genome.to_dict())
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Record:
