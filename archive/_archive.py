@@ -555,20 +555,22 @@ class Archive:
         try:
             state = unpack_raw(raw)
         except CodecError as e:
-            if "newer" in str(e):
-                raise SchemaVersionError(f"{self._where}: {e}") from None
-            raise CorruptArchiveError(f"{self._where}: the saved engine state is damaged ({e})") from None
+            raise self._decode_error(e, "the saved engine state is damaged") from None
         return dict(_unwrap_big(state))
 
     # -- reads ---------------------------------------------------------------------
+
+    def _decode_error(self, e: CodecError, what: str) -> ArchiveError:
+        """The archive error for undecodable stored bytes: newer schema, or damage."""
+        if "newer" in str(e):
+            return SchemaVersionError(f"{self._where}: {e}")
+        return CorruptArchiveError(f"{self._where}: {what} ({e})")
 
     def _decode(self, raw: bytes) -> Record:
         try:
             rec = loads(raw)
         except CodecError as e:
-            if "newer" in str(e):
-                raise SchemaVersionError(f"{self._where}: {e}") from None
-            raise CorruptArchiveError(f"{self._where}: a stored record cannot be decoded ({e})") from None
+            raise self._decode_error(e, "a stored record cannot be decoded") from None
         if not isinstance(rec, Record):
             raise CorruptArchiveError(f"{self._where}: the records table holds a {type(rec).__name__}")
         return rec
