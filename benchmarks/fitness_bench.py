@@ -114,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
             rep[key] = {"median_ms": med, "max_dev": max(abs(t - med) / med for t in ts), "n": len(ts),
                         "fraction": [r.metrics["cases"][key].get("fraction") for r in [first] + repeats
                                      if r.status is Status.OK][0]}
+        # Where a good evaluation's time goes: Timing-stage phases per case (median over repeats).
+        phases: dict[str, dict[str, float]] = {}
+        for key in per_case:
+            rows = [r.metrics["cases"][key].get("phases_s", {}) for r in [first] + repeats if r.status is Status.OK]
+            names = sorted({n for row in rows for n in row})
+            phases[key] = {n: statistics.median(row.get(n, 0.0) for row in rows) for n in names}
+            phases[key]["graph"] = float(all(r.metrics["cases"][key].get("graph", False)
+                                             for r in [first] + repeats if r.status is Status.OK))
+        results["timing_phases_s"] = phases
         results["repeatability"] = {"cases": rep, "worst_max_dev": max((v["max_dev"] for v in rep.values()),
                                                                        default=math.nan)}
         # Respawn cost: a sticky fault, then the next evaluation on a fresh worker.
@@ -148,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, v in rp_["cases"].items():
         fr = v["fraction"]
         print(f"{key:<28}{v['median_ms']:>12.4f}{(fr if fr is not None else math.nan):>10.3f}{v['max_dev']:>10.3%}")
+    print(f"\n{'Timing phases, s (median)':<28}{'inputs':>9}{'warmup':>9}{'timed':>9}{'verify':>9}{'graph':>7}")
+    for key, ph in results["timing_phases_s"].items():
+        print(f"{key:<28}" + "".join(f"{ph.get(n, 0.0):>9.3f}" for n in ("inputs", "warmup", "timed", "verify"))
+              + f"{'yes' if ph.get('graph') else 'no':>7}")
     print("\nstage seconds (median): " + ", ".join(f"{k}={v:.2f}" for k, v in tp["stage_seconds_median"].items()))
     print("statuses: " + ", ".join(f"{k}={v}" for k, v in tp["by_status"].items() if v))
     for name, ok in targets.items():

@@ -10,7 +10,8 @@ round exceeds 3x L2), warm-up, then CUDA-graph replays of one round-robin batch 
 around each replay when capture fails); the median over replays is reported with its
 spread (max-min over median). TB/s uses 2*M*N*elem + 4*N bytes; "% copy" is against a
 device-to-device copy timed the same way in the same run. A provider that fails on a case
-is shown as FAILED with the error class. Results go to benchmarks/RESULTS.md.
+is shown as FAILED with the error class (the message goes to stderr). The Markdown table
+goes to ``--out`` (default ``benchmarks/results/rmsnorm_peers.md``); RESULTS.md quotes it.
 
     python benchmarks/rmsnorm_peers.py --module runs/rmsnorm_h100.dispatch.py
 """
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py")
     ap.add_argument("--archive", help="archive to export the best genomes from (if no --module)")
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "RESULTS.md"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rmsnorm_peers.md"))
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma list of dtypes")
     args = ap.parse_args(argv)
     import torch
 
@@ -199,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     lines.append("| case | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-    for dtype in DTYPES:
+    for dtype in args.dtypes.split(","):
         for m, n in shapes:
             elem = torch.finfo(tdt[dtype]).bits // 8
             one = m * n * elem
@@ -216,12 +218,17 @@ def main(argv: list[str] | None = None) -> int:
                     cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
                 except Exception as e:  # noqa: BLE001 - shown, never dropped
                     cells.append(f"FAILED {type(e).__name__}")
-                    torch.cuda.synchronize()
+                    print(f"  {name} on {m}x{n} {dtype}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+                    try:
+                        torch.cuda.synchronize()
+                    except Exception:  # noqa: BLE001 - a poisoned context fails every later case too
+                        pass
             row = f"| {m}x{n} {dtype} | " + " | ".join(cells) + " |"
             print(row, flush=True)
             lines.append(row)
             del xs
             torch.cuda.empty_cache()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")
     return 0

@@ -143,7 +143,8 @@ def run(*buffers, shape, dtype, device=None, stream=None):
     if launch.shared_mem > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = launch.shared_mem
     if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
-        cupy.cuda.driver.funcSetAttribute(kern.ptr, 14, 1)  # NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+        fptr = kern.kernel.ptr if hasattr(kern, "kernel") else kern.ptr  # RawKernel wraps a Function
+        cupy.cuda.driver.funcSetAttribute(fptr, 14, 1)  # NON_PORTABLE_CLUSTER_SIZE_ALLOWED
     with (stream or cupy.cuda.get_current_stream()):
         kern(launch.grid, launch.block, tuple(buffers) + tuple(scalars), shared_mem=launch.shared_mem)
 '''

@@ -292,6 +292,17 @@ class Backend:
                device: DeviceInfo) -> None:  # pragma: no cover - interface
         raise NotImplementedError
 
+    def capture(self, kernel: KernelHandle, launch: Launch, arg_lists: Sequence[Sequence[Any]],
+                device: DeviceInfo) -> Any:
+        """Record ``len(arg_lists)`` launches as one replayable batch, or ``None``.
+
+        The result's ``launch()`` enqueues the whole batch at once (a CUDA graph on the
+        GPU), so short kernels run back to back instead of waiting on the host's launch
+        rate. ``None`` means the backend cannot record batches; callers then launch one
+        by one.
+        """
+        return None
+
     def synchronize(self) -> None:
         """Wait for all device work; raise :class:`~fitness.CudaFault` on a sticky error."""
 
@@ -358,7 +369,10 @@ class CupyBackend(Backend):
 
         self.cupy = cupy
         self.xp = cupy
-        self.stream = cupy.cuda.get_current_stream()
+        # A stream of our own (graphs cannot be captured on the legacy default stream); it
+        # is made current so the gate's array work is ordered with the launches.
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream.use()
 
     # -- device -----------------------------------------------------------------------
 
@@ -510,6 +524,37 @@ class CupyBackend(Backend):
             raise self._translate(exc, f"launching {kernel.name!r} grid={launch.grid} block={launch.block} "
                                        f"shared={launch.shared_mem}") from exc
 
+    def capture(self, kernel: KernelHandle, launch: Launch, arg_lists: Sequence[Sequence[Any]],
+                device: DeviceInfo) -> Any:
+        """A CUDA graph of the launches (``None`` if this driver or cupy cannot capture).
+
+        Raises:
+            LaunchConfigError: a configuration the kernel or GPU cannot run.
+        """
+        validate_launch(kernel, launch, device)
+        if not arg_lists or not hasattr(self.stream, "begin_capture"):
+            return None
+        fn = kernel.function
+        if launch.shared_mem > 48 * 1024 and kernel.dyn_shared_set < launch.shared_mem:
+            self.cupy.cuda.driver.funcSetAttribute(fn.ptr, _ATTR_MAX_DYN_SHARED, int(launch.shared_mem))
+            kernel.dyn_shared_set = int(launch.shared_mem)
+        self.synchronize()
+        graph = None
+        try:
+            self.stream.begin_capture()
+            try:
+                for args in arg_lists:
+                    fn(launch.grid, launch.block, tuple(args), shared_mem=int(launch.shared_mem), stream=self.stream)
+            finally:
+                graph = self.stream.end_capture()
+            graph.upload(self.stream)
+        except Exception as exc:  # noqa: BLE001 - capture unsupported: plain launches instead
+            log.debug("graph capture failed (%s: %s); timing plain launches", type(exc).__name__, exc)
+            if not self._context_ok():
+                raise CudaFault(f"CUDA context lost while capturing {kernel.name!r}: {exc}") from exc
+            return None
+        return _Graph(graph, self.stream)
+
     def synchronize(self) -> None:
         try:
             self.cupy.cuda.runtime.deviceSynchronize()
@@ -527,6 +572,17 @@ class CupyBackend(Backend):
     def elapsed_ms(self, start: Any, end: Any) -> float:
         end.synchronize()
         return float(self.cupy.cuda.get_elapsed_time(start, end))
+
+
+class _Graph:
+    """A captured batch of launches, replayed on its stream."""
+
+    def __init__(self, graph: Any, stream: Any) -> None:
+        self.graph = graph
+        self.stream = stream
+
+    def launch(self) -> None:
+        self.graph.launch(self.stream)
 
 
 def get_backend(scratch: dict[str, Any]) -> Backend:

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from fitness._fused import fused_for
+
 __all__ = [
     "STORAGE_DTYPES",
     "checksum",
@@ -69,6 +71,9 @@ def is_float(dtype: str) -> bool:
 
 
 def _f32_to_bf16_bits(x: Any, xp: Any) -> Any:
+    fused = fused_for(xp)
+    if fused is not None:
+        return fused.f32_to_bf16(x)
     x = xp.ascontiguousarray(x, dtype=xp.float32)
     bits = x.view(xp.uint32)
     lsb = (bits >> xp.uint32(16)) & xp.uint32(1)
@@ -79,6 +84,9 @@ def _f32_to_bf16_bits(x: Any, xp: Any) -> Any:
 
 
 def _bf16_bits_to_f32(bits: Any, xp: Any) -> Any:
+    fused = fused_for(xp)
+    if fused is not None:
+        return fused.bf16_to_f32(bits)
     wide = xp.ascontiguousarray(bits, dtype=xp.uint16).astype(xp.uint32) << xp.uint32(16)
     return wide.view(xp.float32)
 
@@ -156,7 +164,10 @@ def checksum(buf: Any, xp: Any, *, chunk_words: int = _CHUNK_WORDS) -> int:
     n_full = nbytes // 4
     total = 0
     mask = (1 << 64) - 1
-    if n_full:
+    fused = fused_for(xp) if n_full else None
+    if fused is not None:
+        total = fused.checksum(raw[: 4 * n_full].view(xp.uint32))
+    elif n_full:
         words = raw[: 4 * n_full].view(xp.uint32)
         for start in range(0, n_full, chunk_words):
             stop = min(n_full, start + chunk_words)

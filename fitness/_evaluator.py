@@ -101,13 +101,13 @@ class HostScore(Stage):
 
 
 def default_stages() -> list[Stage]:
-    """``[StaticCheck(), Compile(), Resources(), Correctness(), Timing()]``.
+    """``[StaticCheck(), Compile(), Resources(), Correctness(skip_timed=True), Timing()]``.
 
     The device stages come from :mod:`fitness._gate` (imported lazily).
     """
     from fitness._gate import Correctness, Timing
 
-    return [StaticCheck(), Compile(), Resources(), Correctness(), Timing()]
+    return [StaticCheck(), Compile(), Resources(), Correctness(skip_timed=True), Timing()]
 
 
 def check_reference(problem: Problem) -> None:

@@ -49,6 +49,7 @@ from fitness._device import (
     scalar_args,
 )
 from fitness._dtypes import checksum, from_storage, is_float, poison, to_storage, upcast
+from fitness._fused import FUSED_DTYPES, fused_for
 from fitness._stage import Job, Stage, StageContext, StageResult
 
 __all__ = [
@@ -136,7 +137,7 @@ class Comparison:
 
 
 def compare(name: str, out: Any, ref: Any, tolerance: float, xp: Any, *, row_len: int = 1,
-            chunk: int = _COMPARE_CHUNK) -> Comparison:
+            chunk: int = _COMPARE_CHUNK, norms: tuple[float, float, int, int] | None = None) -> Comparison:
     """Compare a widened kernel output with its reference, chunk by chunk.
 
     Args:
@@ -147,6 +148,9 @@ def compare(name: str, out: Any, ref: Any, tolerance: float, xp: Any, *, row_len
         xp: ``numpy`` or ``cupy``.
         row_len: Elements per row, for the "rows affected" count (1 = no rows).
         chunk: Elements per step (bounds float64 temporaries).
+        norms: Pass 1's result computed elsewhere (``(sum of squared errors, sum of
+            squared references, non-finite count, special mismatches)``, e.g. by the fused
+            device kernel): pass 1 is skipped.
 
     Returns:
         A :class:`Comparison`.
@@ -158,7 +162,16 @@ def compare(name: str, out: Any, ref: Any, tolerance: float, xp: Any, *, row_len
     n = int(out.size)
     row_len = max(1, int(row_len)) if n % max(1, int(row_len)) == 0 else 1
     rows = n // row_len
-    # Pass 1: norms (float64 accumulation) over finite-reference elements.
+    if norms is not None:
+        err_sq, ref_sq, nonfinite, special = norms
+    else:
+        err_sq, ref_sq, nonfinite, special = _norms(out, ref, xp, chunk)
+    return _finish(name, out, ref, tolerance, xp, n, row_len, rows, chunk, err_sq, ref_sq, nonfinite, special)
+
+
+def _norms(out: Any, ref: Any, xp: Any, chunk: int) -> tuple[float, float, int, int]:
+    """Pass 1: norms (float64 accumulation) over finite-reference elements, and counts."""
+    n = int(out.size)
     err_sq = 0.0
     ref_sq = 0.0
     nonfinite = 0
@@ -179,6 +192,12 @@ def compare(name: str, out: Any, ref: Any, tolerance: float, xp: Any, *, row_len
         rr = xp.where(rfin, r, 0.0)
         err_sq += float(xp.sum(d * d))
         ref_sq += float(xp.sum(rr * rr))
+    return err_sq, ref_sq, nonfinite, special
+
+
+def _finish(name: str, out: Any, ref: Any, tolerance: float, xp: Any, n: int, row_len: int, rows: int, chunk: int,
+            err_sq: float, ref_sq: float, nonfinite: int, special: int) -> Comparison:
+    """The Comparison from pass 1's sums; pass 2 (locating bad elements) only on failure."""
     err_norm = math.sqrt(err_sq)
     ref_norm = math.sqrt(ref_sq)
     if nonfinite:
@@ -348,6 +367,19 @@ def _references(problem: Problem, case: Case, cs: _CaseSet, xp: Any) -> dict[str
     return refs
 
 
+def _compare_buffer(name: str, buf: GuardedBuffer, ref: Any, tol: float, xp: Any, row_len: int) -> Comparison:
+    """Compare one output buffer with its reference: pass 1 fused on the device when possible."""
+    dtype = buf.spec.dtype
+    fused = fused_for(xp) if dtype in FUSED_DTYPES and ref.size == buf.spec.numel else None
+    norms = fused.compare_norms(buf.array, dtype, ref) if fused is not None else None
+    if norms is not None:
+        c = compare(name, buf.array, ref, tol, xp, row_len=row_len, norms=norms)  # a pass reads only the sums
+        if c.ok:
+            return c
+    got = from_storage(buf.array, dtype, xp) if is_float(dtype) else buf.array
+    return compare(name, got, ref, tol, xp, row_len=row_len, norms=norms)
+
+
 def _check_outputs(problem: Problem, case: Case, cs: _CaseSet, xp: Any, *,
                    context: str = "") -> tuple[list[Comparison], str | None]:
     """Compare every output with the reference of this set's inputs; (comparisons, report or None)."""
@@ -359,9 +391,8 @@ def _check_outputs(problem: Problem, case: Case, cs: _CaseSet, xp: Any, *,
         for n, b in cs.buffers.items():
             if b.spec.role != "out":
                 continue
-            got = from_storage(b.array, b.spec.dtype, xp) if is_float(b.spec.dtype) else b.array
-            c = compare(n, got, xp.asarray(refs[n]), float(problem.tolerances.get(b.spec.dtype, tol)), xp,
-                        row_len=_row_len(case))
+            c = _compare_buffer(n, b, xp.asarray(refs[n]), float(problem.tolerances.get(b.spec.dtype, tol)), xp,
+                                _row_len(case))
             cmps.append(c)
             if not c.ok:
                 reports.append(format_mismatch(case, c, context=context))
@@ -416,11 +447,24 @@ class Correctness(Stage):
     Fails INCORRECT (with a ``"mismatch"`` artifact) for wrong, partial, non-finite or
     nondeterministic output, a modified input or an out-of-bounds write; RUNTIME_ERROR
     for a launch the driver refuses. Sticky CUDA errors raise :class:`~fitness.CudaFault`.
+
+    Args:
+        skip_timed: Leave the timed cases to a :class:`Timing` stage that follows. Timing
+            checks those cases in full anyway (guards, inputs unchanged, every timed set
+            against its reference, a bitwise relaunch), so checking them here as well only
+            doubles the cost of the largest buffers. Keep ``False`` when no Timing stage
+            follows.
     """
 
     name = "correctness"
     where = "device"
     needs_gpu = True
+
+    def __init__(self, *, skip_timed: bool = False) -> None:
+        self.skip_timed = bool(skip_timed)
+
+    def __repr__(self) -> str:
+        return f"Correctness(skip_timed={self.skip_timed})"
 
     def run(self, job: Job, ctx: StageContext) -> StageResult:
         backend = get_backend(ctx.scratch)
@@ -434,6 +478,9 @@ class Correctness(Stage):
         canary = make_canary(derive_seed(ctx.seed, "canary"), GUARD_BYTES, xp)
         worst = 0.0
         cases = problem.check_cases()
+        if getattr(self, "skip_timed", False):
+            timed = {c.key for c in problem.timed_cases()}
+            cases = [c for c in cases if c.key not in timed] or cases[:1]
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
             launch = _launch_for(problem, job, case, device)
@@ -465,6 +512,28 @@ class Correctness(Stage):
             worst = max([worst] + [c.rel_error / c.tolerance if c.tolerance else c.rel_error for c in cmps])
             del cs, outputs
         return StageResult(ok=True, metrics={"correctness": {"cases": len(cases), "worst_error_ratio": worst}})
+
+
+_MAX_BATCH = 8192
+
+
+class _Phases:
+    """Wall seconds spent per named phase (``with phases("inputs"): ...``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._name = ""
+        self._t0 = 0.0
+
+    def __call__(self, name: str) -> _Phases:
+        self._name = name
+        return self
+
+    def __enter__(self) -> None:
+        self._t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds[self._name] = self.seconds.get(self._name, 0.0) + time.perf_counter() - self._t0
 
 
 @dataclass
@@ -567,67 +636,114 @@ class Timing(Stage):
                    launch: Launch, specs: Sequence[ArgSpec], canary: Any, device: DeviceInfo, ctx: StageContext,
                    opts: Mapping[str, Any]) -> dict[str, Any] | StageResult:
         xp = backend.xp
+        phases = _Phases()
         scalars = _scalars(problem, case)
         set_bytes = sum(s.nbytes + 2 * GUARD_BYTES for s in specs)
         want = max(2, math.ceil(3 * max(device.l2_bytes, 1) / max(set_bytes, 1)))
         room = int(0.6 * backend.free_bytes()) // max(1, 3 * set_bytes)  # inputs' temporaries and refs too
         k = max(1, min(want, room, int(opts.get("max_sets", 64))))
-        sets = [_new_set(backend, specs, scalars, canary) for _ in range(k)]
-        for si, cs in enumerate(sets):
-            _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, si, "warm"))
-            _poison_outputs(backend, cs)
-        # Warm-up: >= 10 launches and >= warmup_ms, in rounds across the sets.
+        with phases("inputs"):
+            sets = [_new_set(backend, specs, scalars, canary) for _ in range(k)]
+            for si, cs in enumerate(sets):
+                _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, si, "warm"))
+                _poison_outputs(backend, cs)
+        # Warm-up: a first round over the sets (launch by launch) estimates the time per
+        # launch; then the batch of B launches is recorded once (a CUDA graph where the
+        # backend can) and replayed until warmup_ms have passed and at least twice.
+        min_batch = float(opts.get("min_batch_ms", 2.0))
         warm_ms = float(opts.get("warmup_ms", 20.0))
-        n = 0
-        t0 = time.perf_counter()
-        per_launch = math.inf
-        while n < 10 or (time.perf_counter() - t0) * 1e3 < warm_ms:
+        with phases("warmup"):
             start = backend.event()
             for i in range(k):
                 backend.launch(kernel, launch, sets[i].args, device)
             backend.synchronize()
-            end = backend.event()
-            per_launch = max(backend.elapsed_ms(start, end) / k, 1e-6)
-            n += k
-            if n > 100000:
-                break
+            per_launch = max(backend.elapsed_ms(start, backend.event()) / k, 1e-6)
+            batch, b = self._batch(backend, kernel, launch, sets, device, min_batch, per_launch)
+            t0 = time.perf_counter()
+            rounds = 0
+            while rounds < 2 or (time.perf_counter() - t0) * 1e3 < warm_ms:
+                ms = self._run_batch(backend, kernel, launch, sets, device, batch, b)
+                per_launch = max(ms / b, 1e-6)
+                rounds += 1
+                if rounds == 1 and batch is not None and b * per_launch < 0.5 * min_batch and b < _MAX_BATCH:
+                    batch, b = self._batch(backend, kernel, launch, sets, device, min_batch, per_launch)
+                if rounds >= 1000:
+                    break
         # New contents everywhere: a result cached during warm-up is now wrong.
-        for si, cs in enumerate(sets):
-            _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, si, "timed"))
-            _poison_outputs(backend, cs)
-        backend.synchronize()
-        min_batch = float(opts.get("min_batch_ms", 2.0))
-        b = max(k, math.ceil(min_batch / per_launch))
-        b = min(max(k, b + (-b) % k), 100000)
+        with phases("inputs"):
+            for si, cs in enumerate(sets):
+                _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, si, "timed"))
+                _poison_outputs(backend, cs)
+            backend.synchronize()
         if "timing_batches" in opts and opts["timing_batches"]:
             r = max(10, int(opts["timing_batches"]))
         else:
             target = float(opts.get("timing_target_ms", 100.0))
             r = int(min(100, max(10, math.ceil(target / (b * per_launch)))))
-        times = []
-        for _ in range(r):
-            start = backend.event()
-            for i in range(b):
-                backend.launch(kernel, launch, sets[i % k].args, device)
-            backend.synchronize()  # device-wide: work escaping to another stream is counted
-            end = backend.event()
-            times.append(backend.elapsed_ms(start, end) / b)
+        with phases("timed"):
+            times = [self._run_batch(backend, kernel, launch, sets, device, batch, b) / b for _ in range(r)]
         med, spread = timing_summary(times)
-        # The timed launches must have computed the right thing for every set.
-        for si, cs in enumerate(sets):
-            bad = _integrity(backend, cs)
-            if bad:
-                msg = f"case {case.key}, timed set {si + 1} of {k}: {bad}"
-                return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
-            _cmps, report = _check_outputs(problem, case, cs, xp, context=f"timed launches, set {si + 1} of {k}")
-            if report:
-                return StageResult.fail(Status.INCORRECT, report.splitlines()[0], mismatch=report)
-        out: dict[str, Any] = {"time_ms": med, "spread": spread, "sets": k, "launches_per_batch": b, "batches": r}
+        with phases("verify"):
+            # The timed launches must have computed the right thing for every set ...
+            for si, cs in enumerate(sets):
+                bad = _integrity(backend, cs)
+                if bad:
+                    msg = f"case {case.key}, timed set {si + 1} of {k}: {bad}"
+                    return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
+                _cmps, report = _check_outputs(problem, case, cs, xp, context=f"timed launches, set {si + 1} of {k}")
+                if report:
+                    return StageResult.fail(Status.INCORRECT, report.splitlines()[0], mismatch=report)
+            # ... and again, bit for bit, when launched once more on the same inputs.
+            cs = sets[0]
+            before = {n: checksum(b_.array, xp) for n, b_ in cs.buffers.items() if b_.spec.role == "out"}
+            for again in (1, 2):
+                _poison_outputs(backend, cs)
+                backend.launch(kernel, launch, cs.args, device)
+                backend.synchronize()
+                for n, want_sum in before.items():
+                    if checksum(cs.buffers[n].array, xp) != want_sum:
+                        msg = (f"case {case.key}: output {n!r} is not deterministic: relaunch {again} on the same "
+                               "inputs changed it (races, uninitialised memory or order-dependent atomics)")
+                        return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
+        out: dict[str, Any] = {"time_ms": med, "spread": spread, "sets": k, "launches_per_batch": b, "batches": r,
+                               "graph": batch is not None, "phases_s": phases.seconds}
         if problem.bytes_moved is not None:
             moved = int(problem.bytes_moved(case))
             gbps = moved / (med * 1e-3) / 1e9 if med > 0 else math.inf
             out["bytes_moved"] = moved
             out["gbps"] = gbps
             out["fraction"] = gbps / device.copy_gbps if device.copy_gbps > 0 else None
+            limit = float(opts.get("max_fraction", 1.1))
+            if out["fraction"] is not None and out["fraction"] > limit:
+                msg = (f"case {case.key}: measured {gbps:.0f} GB/s, {out['fraction']:.2f}x the copy bandwidth this "
+                       f"worker measured ({device.copy_gbps:.0f} GB/s): faster than the memory system allows, so "
+                       "the kernel skips work on repeated launches (e.g. returns early when its output already "
+                       "looks written), or the Problem's bytes_moved overstates the traffic")
+                return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
         del sets
         return out
+
+    @staticmethod
+    def _batch(backend: Backend, kernel: KernelHandle, launch: Launch, sets: Sequence[_CaseSet], device: DeviceInfo,
+               min_batch: float, per_launch: float) -> tuple[Any, int]:
+        """(recorded batch or None, B): B launches rotating over the sets, lasting >= min_batch."""
+        k = len(sets)
+        b = max(k, math.ceil(min_batch / per_launch))
+        b = min(max(k, b + (-b) % k), _MAX_BATCH)
+        batch = backend.capture(kernel, launch, [sets[i % k].args for i in range(b)], device)
+        return batch, b
+
+    @staticmethod
+    def _run_batch(backend: Backend, kernel: KernelHandle, launch: Launch, sets: Sequence[_CaseSet],
+                   device: DeviceInfo, batch: Any, b: int) -> float:
+        """Milliseconds of one batch of ``b`` launches, device-wide synchronised before the end event."""
+        k = len(sets)
+        start = backend.event()
+        if batch is not None:
+            batch.launch()
+        else:
+            for i in range(b):
+                backend.launch(kernel, launch, sets[i % k].args, device)
+        backend.synchronize()  # device-wide: work escaping to another stream is counted
+        end = backend.event()
+        return backend.elapsed_ms(start, end)

@@ -53,7 +53,7 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0) -> dict[s
     kern = mod.get_function(genome.entry)
     L = prob.launch(dict(genome.params), case, None)
     if L.cluster is not None and L.cluster[0] > 8:  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        cp.cuda.driver.funcSetAttribute(kern.ptr, 14, 1)
+        cp.cuda.driver.funcSetAttribute(kern.kernel.ptr, 14, 1)  # RawKernel wraps a cupy Function
     ctypes = {"int32": np.int32, "float32": np.float32, "int64": np.int64, "uint32": np.uint32}
     scalars = tuple(ctypes[t](v) for t, v in prob.scalars(case))
     kern(L.grid, L.block, tuple(bufs) + scalars, shared_mem=L.shared_mem)

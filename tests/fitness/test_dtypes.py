@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -23,6 +25,8 @@ def _bf16_reference(x: np.ndarray) -> np.ndarray:
         lo_v = float(np.uint32(lo << 16).view(np.float32))
         hi_v = float(np.uint32((hi & 0xFFFF) << 16).view(np.float32)) if (hi & 0x7F80) != 0x7F80 or (hi & 0x7F) == 0 \
             else float("nan")
+        if np.isinf(hi_v):  # IEEE: past the largest finite value, "hi" sits where 2**128 would be
+            hi_v = math.copysign(2.0**128, v)
         d_lo, d_hi = abs(v - lo_v), abs(hi_v - v) if np.isfinite(hi_v) else float("inf")
         if (bits & 0xFFFF) == 0:
             out[k] = lo

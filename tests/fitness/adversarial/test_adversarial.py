@@ -25,6 +25,7 @@ EXPECTED = {
     "partial": (Status.INCORRECT, "poisoned outputs stay NaN"),
     "fixed_shape": (Status.INCORRECT, "several shapes, odd N"),
     "result_cache": (Status.INCORRECT, "new inputs after warm-up, timed outputs checked"),
+    "replay": (Status.INCORRECT, "faster than the copy bandwidth: skips work on repeated launches"),
     "oob_write": (Status.INCORRECT, "guard regions"),
     "half_precision": (Status.INCORRECT, "float32 tolerance"),
     "racy": (Status.INCORRECT, "bitwise determinism rerun"),

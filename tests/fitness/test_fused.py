@@ -1,0 +1,99 @@
+"""The fused device kernels: they build with nvcc (CPU) and agree with the whole-array path (GPU)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from fitness._device import gpu_available
+from fitness._dtypes import checksum, from_storage, to_storage
+from fitness._fused import _NAMES, SOURCE, fused_for
+from fitness._gate import compare
+
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+
+
+def test_fused_is_none_for_numpy():
+    assert fused_for(np) is None
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_fused_source_compiles_with_nvcc(tmp_path):
+    inst = "\n".join(
+        f"template __global__ void compare_norms<{n.split('<')[1].split(',')[0]}, {n.split(', ')[1].rstrip('>')}>("
+        f"const typename Load<{n.split('<')[1].split(',')[0]}>::T*, const {n.split(', ')[1].rstrip('>')}*, "
+        "long long, double*, u64*);" for n in _NAMES)
+    src = tmp_path / "fused.cu"
+    src.write_text(SOURCE + "\n" + inst + "\n")
+    proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "fused.cubin"),
+                           str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "fused.cubin").stat().st_size > 0
+
+
+def _values(rng: np.random.Generator, n: int) -> np.ndarray:
+    x = rng.standard_normal(n).astype(np.float32) * np.float32(3.0)
+    x[::97] = np.float32(3.3961776e38)  # rounds to bf16 infinity
+    x[5] = np.float32(np.inf)
+    x[6] = np.float32(-np.inf)
+    x[7] = np.float32(np.nan)
+    x[8] = np.float32(1.0 + 2**-8)  # a tie
+    return x
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_fused_conversions_and_checksum_match_numpy():
+    import cupy as cp
+
+    assert fused_for(cp) is not None
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 1000, 1 << 20, (1 << 20) + 3):
+        x = _values(rng, max(n, 9))[:n] if n >= 9 else rng.standard_normal(n).astype(np.float32)
+        bits_np = to_storage(x, "bfloat16", np)
+        bits_cp = to_storage(cp.asarray(x), "bfloat16", cp)
+        assert np.array_equal(bits_np, cp.asnumpy(bits_cp))
+        back_np = from_storage(bits_np, "bfloat16", np)
+        back_cp = from_storage(bits_cp, "bfloat16", cp)
+        assert np.array_equal(back_np.view(np.uint32), cp.asnumpy(back_cp).view(np.uint32))
+        for arr in (x, bits_np, x.view(np.uint8)[: max(0, x.nbytes - 3)]):
+            assert checksum(arr, np) == checksum(cp.asarray(arr), cp)
+    # unaligned start: the scalar path
+    x = rng.integers(0, 2**32, size=4099, dtype=np.uint32)
+    assert checksum(x[1:], np) == checksum(cp.asarray(x)[1:], cp)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_gpu_fused_compare_matches_whole_array_path(dtype):
+    import cupy as cp
+
+    fused = fused_for(cp)
+    rng = np.random.default_rng(11)
+    n = 300_001
+    ref = rng.standard_normal(n).astype(np.float32)
+    ref[10] = np.inf
+    ref[11] = np.nan
+    out = ref + rng.standard_normal(n).astype(np.float32) * np.float32(1e-3)
+    out[10] = np.inf
+    out[11] = np.nan
+    out[12] = np.nan  # non-finite where the reference is finite
+    out[13] = np.float32(-np.inf)
+    stored = to_storage(out, dtype, np)
+    wide = from_storage(stored, dtype, np)
+    for r in (ref, ref.astype(np.float64)):
+        want = compare("y", wide, r, 1e-2, np)
+        e, q, nonfinite, special = fused.compare_norms(cp.asarray(stored), dtype, cp.asarray(r))
+        assert nonfinite == want.nonfinite == 2
+        assert special == want.special_mismatch == 0
+        assert math.isclose(math.sqrt(q), want.ref_norm, rel_tol=1e-12)
+        assert math.isclose(math.sqrt(e), want.err_norm, rel_tol=1e-9)
+    # a special-value mismatch: the reference is +inf and the output is finite
+    stored2 = to_storage(np.where(np.arange(n) == 10, np.float32(1.0), out), dtype, np)
+    _e, _q, _nf, special = fused.compare_norms(cp.asarray(stored2), dtype, cp.asarray(ref))
+    assert special == 1
