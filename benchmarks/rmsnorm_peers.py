@@ -5,10 +5,11 @@ Providers: the exported best genomes (``--module`` from ``examples/rmsnorm_h100.
 (static shapes), Liger-Kernel's RMSNorm, QuACK's ``rmsnorm_fwd`` and ``rmsnorm_fwd_tuned``.
 Cases: the 11 standard shapes x bfloat16, float16, float32.
 
-Timing, the same for every provider: L2-cold input rotation (enough input sets that one
-round exceeds 3x L2), warm-up, then CUDA-graph replays of one round-robin batch (events
-around each replay when capture fails); the median over replays is reported with its
-spread (max-min over median). TB/s uses 2*M*N*elem + 4*N bytes; "% copy" is against a
+Timing, the same for every provider and the same as the fitness Timing stage
+(:func:`fitness.time_calls`): L2-cold input rotation (enough input sets that one round
+exceeds 3x L2), warm-up, then CUDA-graph replays of a round-robin batch of at least 2 ms
+(calls issued one by one when capture fails); the median over replays is reported with
+its spread ((p75-p25)/median). TB/s uses 2*M*N*elem + 4*N bytes; "% copy" is against a
 device-to-device copy timed the same way in the same run. A provider that fails on a case
 is shown as FAILED with the error class (the message goes to stderr). The Markdown table
 goes to ``--out`` (default ``benchmarks/results/rmsnorm_peers.md``); RESULTS.md quotes it.
@@ -23,7 +24,6 @@ import datetime
 import importlib
 import importlib.util
 import platform
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,52 +38,16 @@ DTYPES = ("bfloat16", "float16", "float32")
 EPS = 1e-6
 
 
-def bench(make_call: Callable[[Any, Any], Callable[[], Any]], xs: list[Any], w: Any, replays: int = 10,
-          batch: int = 20) -> tuple[float, float]:
-    """(median ms per call, relative spread) over ``replays`` graph replays of ``batch`` rotated calls."""
-    import torch
+def bench(make_call: Callable[[Any, Any], Callable[[], Any]], xs: list[Any], w: Any) -> tuple[float, float]:
+    """(median ms per call, relative spread) with the fitness Timing stage's method.
 
-    calls = [make_call(xs[i % len(xs)], w) for i in range(batch)]
-    for c in calls[: min(batch, 3 * len(xs))]:
-        c()
-    torch.cuda.synchronize()
-    graph = None
-    try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for c in calls[:2]:
-                c()
-        torch.cuda.current_stream().wait_stream(s)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for c in calls:
-                c()
-        graph.replay()
-        torch.cuda.synchronize()
-    except Exception:  # noqa: BLE001 - not capturable: fall back to events around eager batches
-        graph = None
-        torch.cuda.synchronize()
+    One call per input set (the sets together exceed 3x L2), CUDA-graph batches of at
+    least 2 ms where the calls can be captured; see :func:`fitness.time_calls`.
+    """
+    from fitness import time_calls
 
-    def once() -> None:
-        if graph is not None:
-            graph.replay()
-        else:
-            for c in calls:
-                c()
-
-    once()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        once()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / batch)
-    med = statistics.median(times)
-    return med, (max(times) - min(times)) / med
+    res = time_calls([make_call(x, w) for x in xs])
+    return res.time_ms, res.spread
 
 
 def providers(module: Any | None) -> dict[str, Callable[[Any, Any], Callable[[], Any]]]:
@@ -115,11 +79,17 @@ def providers(module: Any | None) -> dict[str, Callable[[Any, Any], Callable[[],
         out["evo (ours)"] = evo_call
 
     def eager(x: Any, w: Any) -> Any:
-        return F.rms_norm(x, (x.shape[-1],), w.to(x.dtype), eps=EPS)
+        return F.rms_norm(x, (x.shape[-1],), w, eps=EPS)
 
-    out["torch"] = lambda x, w: (lambda: eager(x, w))
+    def cast_once(fn: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Callable[[], Any]]:
+        def make(x: Any, w: Any) -> Callable[[], Any]:
+            wt = w.to(x.dtype)  # torch wants the weight in the input's dtype; cast outside the timed call
+            return lambda: fn(x, wt)
+        return make
+
+    out["torch"] = cast_once(eager)
     compiled = torch.compile(eager, dynamic=False)
-    out["torch.compile"] = lambda x, w: (lambda: compiled(x, w))
+    out["torch.compile"] = cast_once(compiled)
     try:
         liger = importlib.import_module("liger_kernel.transformers.rms_norm")
 
@@ -195,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [f"# RMSNorm forward peers ({datetime.date.today().isoformat()})", "",
              f"Machine: {props.name}, {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB; host "
              f"{platform.node()}; torch {torch.__version__}; python {platform.python_version()}.",
-             f"Copy ceiling (D2D, same method): {copy_tbs:.3f} TB/s. Cells: ms / TB/s / % of copy; "
-             "median of 10 CUDA-graph replays of 20 L2-cold rotated calls.", ""]
+             f"Copy ceiling (D2D, same method): {copy_tbs:.3f} TB/s. Cells: ms / TB/s / % of copy "
+             "(spread); median over CUDA-graph batches of L2-cold rotated calls (fitness.time_calls).", ""]
     names = list(provs)
     lines.append("| case | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")
@@ -206,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             elem = torch.finfo(tdt[dtype]).bits // 8
             one = m * n * elem
             free = torch.cuda.mem_get_info()[0]
-            sets = max(2, min(16, -(-3 * l2 // one), int(0.4 * free // (2 * one)) or 1))
+            sets = max(1, min(16, -(-3 * l2 // (2 * one)), int(0.4 * free // (2 * one)) or 1))  # x + y > 3x L2
             xs = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
             w = torch.randn(n, device="cuda", dtype=torch.float32)
             nbytes = 2 * m * n * elem + 4 * n

@@ -1,8 +1,9 @@
 """Live progress of a run: evaluations, best fitness, coverage, rate, GPU busy, LLM cost.
 
-With ``rich`` importable the display is a transient ``rich.live.Live`` on stderr (it
-disappears when the run ends, leaving the log); without it a plain line goes to stderr
-every ``interval`` seconds. Independently, a summary line is logged at INFO level on
+With ``rich`` importable and stderr a terminal the display is a transient
+``rich.live.Live`` (it disappears when the run ends, leaving the log); otherwise (no rich,
+or output redirected to a file or a pipe) a plain line goes to stderr every ``interval``
+seconds. Independently, a summary line is logged at INFO level on
 ``logging.getLogger("evo.engine")`` every ``interval`` seconds, so runs under a job
 scheduler leave a trace without any display.
 """
@@ -51,7 +52,8 @@ class Progress:
         enabled: False turns the display off (the periodic log line stays).
         interval: Seconds between plain lines and log lines.
         stream: Where the display goes (default stderr).
-        use_rich: None = use rich when importable; False forces plain lines.
+        use_rich: None = use rich when importable and the stream is a terminal; True
+            forces rich, False forces plain lines.
     """
 
     def __init__(self, enabled: bool = True, *, interval: float = 5.0, stream: TextIO | None = None,
@@ -64,7 +66,8 @@ class Progress:
         self._last_log = time.monotonic()
         self._last_live = 0.0
         self.lines = 0
-        if enabled and use_rich is not False:
+        tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        if enabled and (use_rich is True or (use_rich is None and tty)):
             try:
                 from rich.console import Console
                 from rich.live import Live

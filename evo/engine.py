@@ -345,6 +345,11 @@ class Engine:
     If the archive holds engine state from an earlier session, the engine resumes it:
     counters, RNG stream, bandit, islands; pending candidates are evaluated again unless
     their record made it into the archive.
+
+    Attributes:
+        last_run: After :meth:`run`: ``stop`` (why it stopped), ``evaluations``,
+            ``seconds``, ``rate_per_min``, ``gpu_busy`` (the evaluator's busy fraction,
+            or None), ``best`` (fitness) and ``coverage``; None before the first run.
     """
 
     def __init__(self, problem: Problem, archive: Any, operators: Sequence[Any] | None = None,
@@ -396,6 +401,7 @@ class Engine:
         self._warm_started = False
         self._device_set = False
         self._closed = False
+        self.last_run: dict[str, Any] | None = None
         self._executor_errors = 0
         self._resumed = False
 
@@ -687,8 +693,12 @@ class Engine:
             prog.close()
             if not self._closed:
                 self._save_state()
-        log.info("run stopped (%s) after %d evaluations in %.1f s", stop or "no more work",
-                 self._evaluations - told0, time.monotonic() - t0)
+        final = self._snapshot(ev, t0, told0, 0)
+        self.last_run = {"stop": stop or "no more work", "evaluations": self._evaluations - told0,
+                         "seconds": time.monotonic() - t0, "rate_per_min": final["rate"],
+                         "gpu_busy": final["gpu_busy"], "best": final["best"], "coverage": final["coverage"]}
+        log.info("run stopped (%s) after %d evaluations in %.1f s", self.last_run["stop"],
+                 self.last_run["evaluations"], self.last_run["seconds"])
         with self._lock:
             return self.archive.best()  # type: ignore[no-any-return]
 

@@ -73,44 +73,25 @@ def gpu_available() -> tuple[bool, str]:
     return True, ""
 
 
-def time_torch(fn: Any, case: Any, l2_bytes: int = 50 << 20, batches: int = 15, batch_ms: float = 2.0) -> float:
-    """Median ms per call of ``fn(x, w)``, timed the way the fitness Timing stage times genomes.
+def time_torch(fn: Any, case: Any, l2_bytes: int = 50 << 20) -> float:
+    """Median ms per call of ``fn(x, w)``, timed with the fitness Timing stage's method.
 
-    Input sets rotate so that together they exceed 3x L2 (every call reads from HBM); each
-    batch is a start event, B calls, a device-wide synchronisation, an end event; the
-    result is the median over batches of batch time / B.
+    Input sets rotate so that together they exceed 3x L2 (every call reads from HBM);
+    batches are CUDA-graph replays where torch can capture them (see
+    :func:`fitness.time_calls`). torch gets ``w`` in the input's dtype (cast once,
+    outside the timed calls).
     """
     import torch
 
+    from fitness import time_calls
+
     m, n = case["M"], case["N"]
     dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[case.dtype]
-    one = m * n * torch.finfo(dt).bits // 8
-    sets = max(2, min(16, -(-3 * l2_bytes // max(one, 1))))
+    one = 2 * m * n * torch.finfo(dt).bits // 8
+    sets = max(1, min(16, -(-3 * l2_bytes // max(one, 1))))
     xs = [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
-    w = torch.randn(n, device="cuda", dtype=dt)  # cast once, outside the timed region
-    for i in range(max(3, sets)):
-        fn(xs[i % sets], w)
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    fn(xs[0], w)
-    b.record()
-    b.synchronize()
-    per = max(a.elapsed_time(b), 1e-3)
-    calls = max(1, min(1000, int(batch_ms / per)))
-    times = []
-    k = 0
-    for _ in range(batches):
-        a.record()
-        for _ in range(calls):
-            fn(xs[k % sets], w)
-            k += 1
-        torch.cuda.synchronize()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / calls)
-    times.sort()
-    return times[len(times) // 2]
+    w = torch.randn(n, device="cuda", dtype=dt)
+    return time_calls([(lambda x=x: fn(x, w)) for x in xs]).time_ms
 
 
 def torch_providers() -> dict[str, Any]:
@@ -125,6 +106,23 @@ def torch_providers() -> dict[str, Any]:
         return F.rms_norm(x, (x.shape[-1],), w, eps=1e-6)
 
     return {"torch": eager, "torch.compile": torch.compile(eager, dynamic=False)}
+
+
+def summary(engine: Any, arch: Any, problem: Any, best: Any) -> str:
+    """What the search did: evaluations, rate, GPU busy, and the best against the seeds."""
+    run = engine.last_run or {}
+    busy = run.get("gpu_busy")
+    lines = [f"search: {run.get('evaluations', 0)} evaluations in {run.get('seconds', 0.0):.0f} s "
+             f"({run.get('rate_per_min', 0.0):.1f}/min), GPU busy {busy:.0%}" if busy is not None else
+             f"search: {run.get('evaluations', 0)} evaluations in {run.get('seconds', 0.0):.0f} s",
+             f"stopped: {run.get('stop', '-')}; archive: {len(arch)} records, coverage {arch.coverage:.1%}"]
+    seeds = [arch.get(g.id) for g in problem.seeds]
+    seed_fit = [r.evaluation.fitness for r in seeds if r is not None and r.evaluation.fitness is not None]
+    if seed_fit and best is not None:
+        top = max(seed_fit)
+        lines.append(f"best fitness {best.fitness:.4f} (geomean fraction of copy bandwidth) vs best seed {top:.4f}: "
+                     f"{best.fitness / top:.3f}x; best genome {best.genome.id[:12]} {dict(best.genome.params)}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         from evo.export import best_per_case
 
+        print(summary(engine, arch, problem, best))
         per_case = best_per_case(arch, problem)
         providers = {} if args.no_compare else torch_providers()
         head = f"{'case':34} {'best ms':>9} {'TB/s':>6} {'frac':>6}" + "".join(f" {p:>14}" for p in providers)

@@ -24,6 +24,7 @@ import numpy as np
 
 from evo.space import CategoricalAxis, Choice, Constraint, NumericAxis, ParamSpace
 from evo.types import DTYPE_BYTES, ArgSpec, Case, DeviceInfo, Genome, Launch, Problem
+from fitness import random_normal
 
 __all__ = [
     "BWD_ENTRY",
@@ -124,15 +125,9 @@ def _host(a: Any, xp: Any) -> Any:
     return xp.asarray(a)
 
 
-def _normal(rng: np.random.Generator, xp: Any, shape: tuple[int, ...]) -> Any:
-    """Standard normal float32 array on ``xp`` (drawn on the device when ``xp`` is cupy)."""
-    if xp is np:
-        return rng.standard_normal(shape, dtype=np.float32)
-    seed = int(rng.integers(2**62))
-    try:
-        return xp.random.default_rng(seed).standard_normal(shape, dtype=xp.float32)
-    except (AttributeError, TypeError):
-        return xp.random.RandomState(seed).standard_normal(shape, dtype=xp.float32)
+def _normal(rng: np.random.Generator, xp: Any, shape: tuple[int, ...], scale: Any = None) -> Any:
+    """Standard normal float32 array on ``xp``, rows times ``scale`` (one fused pass on the GPU)."""
+    return random_normal(rng, shape, xp, scale=scale)
 
 
 def _row_scales(rng: np.random.Generator, m: int) -> np.ndarray:
@@ -183,8 +178,7 @@ def fwd_make_inputs(case: Case, rng: np.random.Generator, xp: Any = np) -> dict[
     """x: standard normal rows, some scaled large (heavy tail) or tiny; w: standard normal."""
     m, n = case["M"], case["N"]
     rng = _host_rng(rng)
-    x = _normal(rng, xp, (m, n))
-    x *= xp.asarray(_row_scales(rng, m))[:, None]
+    x = _normal(rng, xp, (m, n), scale=_row_scales(rng, m))
     w = _normal(rng, xp, (n,))
     return {"x": x.reshape(-1), "w": w}
 
@@ -361,8 +355,7 @@ def bwd_make_inputs(case: Case, rng: np.random.Generator, xp: Any = np) -> dict[
     """x as in the forward, dy standard normal, w standard normal, rstd of x (float32)."""
     m, n = case["M"], case["N"]
     rng = _host_rng(rng)
-    x = _normal(rng, xp, (m, n))
-    x *= xp.asarray(_row_scales(rng, m))[:, None]
+    x = _normal(rng, xp, (m, n), scale=_row_scales(rng, m))
     dy = _normal(rng, xp, (m, n))
     w = _normal(rng, xp, (n,))
     rstd = (1.0 / xp.sqrt(_rms_rows(x, xp) + EPS)).astype(xp.float32)

@@ -13,6 +13,8 @@ API index:
     WorkerProcess, WorkerOutcome, is_cuda_fault,       isolated device workers (``_worker``)
         visible_devices
     Correctness, Timing, init_device                   device stages (``_gate``, ``_device``; imported lazily)
+    random_normal, seed_from                           fast fresh inputs for make_inputs (``_inputs``)
+    time_calls, CallTiming                             torch callables timed like Timing (``_torch_timing``)
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from fitness._compile import (
     truncate_log,
 )
 from fitness._evaluator import Evaluator, EvaluatorConfigError, HostScore, check_reference, default_stages
+from fitness._inputs import random_normal, seed_from
 from fitness._resources import Resources, parse_ptxas_report, ptxas_entries
 from fitness._stage import CudaFault, Job, Stage, StageContext, StageResult
 from fitness._static import StaticCheck, check_genome, static_violations
+from fitness._torch_timing import CallTiming, time_calls
 from fitness._worker import WorkerOutcome, WorkerProcess, is_cuda_fault, set_parent_death_signal, visible_devices
 
 __all__ = [
@@ -46,6 +50,7 @@ __all__ = [
     "Evaluator", "EvaluatorConfigError", "HostScore", "check_reference", "default_stages",
     "WorkerOutcome", "WorkerProcess", "is_cuda_fault", "visible_devices",
     "Correctness", "Timing", "init_device",
+    "random_normal", "seed_from", "CallTiming", "time_calls",
 ]
 
 _LAZY = {"Correctness": "fitness._gate", "Timing": "fitness._gate", "init_device": "fitness._device"}

@@ -142,6 +142,41 @@ extern "C" __global__ void f32_to_bf16(const float* __restrict__ x, unsigned sho
     }
 }
 
+// Standard normal float32 values from a counter-based generator (splitmix64 of seed + pair
+// index, Box-Muller), optionally out = z * scale[row] + shift[row] for rows of row_len.
+__device__ __forceinline__ u64 splitmix64(u64 z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+extern "C" __global__ void normal_f32(float* __restrict__ out, long long n, u64 seed,
+                                      const float* __restrict__ scale, const float* __restrict__ shift,
+                                      long long row_len) {
+    long long pairs = (n + 1) >> 1;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += stride) {
+        u64 z = splitmix64(seed ^ splitmix64((u64)p));
+        float u1 = ((float)(z >> 40) + 1.0f) * 5.9604644775390625e-08f;  // (0, 1]
+        float u2 = (float)(z & 0xFFFFFFull) * 5.9604644775390625e-08f;   // [0, 1)
+        float r = sqrtf(-2.0f * logf(u1));
+        float s, c;
+        sincospif(2.0f * u2, &s, &c);
+        float v[2] = {r * c, r * s};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            long long i = 2 * p + h;
+            if (i < n) {
+                float x = v[h];
+                if (scale) x *= scale[i / row_len];
+                if (shift) x += shift[i / row_len];
+                out[i] = x;
+            }
+        }
+    }
+}
+
 extern "C" __global__ void bf16_to_f32(const unsigned short* __restrict__ x, float* __restrict__ y, long long n) {
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -219,6 +254,32 @@ class Fused:
         if n:
             self._fn("f32_to_bf16")((self._grid(n),), (BLOCK,), (x, y, cp.int64(n)))
         return y
+
+    def normal(self, seed: int, shape: tuple[int, ...], scale: Any = None, shift: Any = None) -> Any:
+        """Standard normal float32 array of ``shape`` from ``seed`` (one pass, counter-based).
+
+        ``scale`` / ``shift``: optional float32 vectors of ``shape[0]`` applied per row
+        (``z * scale[i] + shift[i]``).
+        """
+        cp = self.cp
+        out = cp.empty(shape, dtype=cp.float32)
+        n = int(out.size)
+        row_len = max(1, n // shape[0]) if shape and shape[0] else 1
+        rows = shape[0] if shape else 1
+        ptrs: list[Any] = []
+        for v in (scale, shift):
+            if v is None:
+                ptrs.append(cp.uint64(0))  # a null pointer: no per-row scale / shift
+                continue
+            v = cp.ascontiguousarray(cp.asarray(v, dtype=cp.float32).reshape(-1))
+            if v.size != rows:
+                raise ValueError(f"per-row vector has {v.size} values for {rows} rows")
+            ptrs.append(v)
+        if n:
+            grid = max(1, min(GRID * 8, -(-((n + 1) // 2) // BLOCK)))
+            args = (out, cp.int64(n), cp.uint64(int(seed) & (2**64 - 1)), ptrs[0], ptrs[1], cp.int64(row_len))
+            self._fn("normal_f32")((grid,), (BLOCK,), args)
+        return out
 
     def bf16_to_f32(self, bits: Any) -> Any:
         """float32 values of bfloat16 bit patterns (uint16), same shape."""

@@ -18,11 +18,16 @@ Correctness, per check case (:meth:`Problem.check_cases`):
    (float64 accumulation) must be within the dtype's tolerance; the second run must be
    bitwise identical to the first.
 
-Timing, per timed case: K input/output sets larger together than 3x L2, warm-up,
-then NEW input contents in every set and poisoned outputs, then R batches of B launches
-rotating across the sets, each batch bracketed by events with a device-wide synchronise
-before the end event; median time per launch and its spread. The outputs of the timed
-launches are checked against references of each set's inputs afterwards.
+Timing, per timed case: K input/output sets larger together than 3x L2 (K = 1 when one
+set is), warm-up, then NEW input contents in every set and poisoned outputs, then R
+batches of B launches rotating across the sets (each batch one CUDA graph where the
+backend can record it), each batch bracketed by events with a device-wide synchronise
+before the end event; median time per launch and its spread. Afterwards the outputs of
+the timed launches are checked against references of each set's inputs, two relaunches
+on one set must reproduce them bit for bit, and a bandwidth above ``max_fraction`` of
+the measured copy ceiling fails (work skipped on repeated launches). With
+``Correctness(skip_timed=True)`` (the default stages) this is the only check of the
+timed cases.
 """
 
 from __future__ import annotations
@@ -575,10 +580,16 @@ class Timing(Stage):
 
     Args:
         timing_batches: R, batches per case (>= 10); ``None``: adaptive, 10..100.
-        min_batch_ms: Shortest batch; B launches per batch are chosen to reach it.
-        warmup_ms: Warm-up per case (at least 10 launches as well).
+        min_batch_ms: Shortest batch; B launches per batch are chosen to reach it. A
+            batch is recorded once as a CUDA graph where the backend can, so short
+            kernels run back to back rather than at the host's launch rate.
+        warmup_ms: Warm-up per case (one round over the sets, then at least two batches).
         timing_target_ms: Total timed milliseconds per case the adaptive R aims for.
-        max_sets: Most input/output sets rotated per case.
+        max_sets: Most input/output sets rotated per case (one round exceeds 3x L2; a
+            single set when one set alone does).
+        max_fraction: Highest credible fraction of the measured copy bandwidth; a case
+            measured faster fails INCORRECT (the kernel skips work on repeated launches,
+            or the Problem's ``bytes_moved`` overstates the traffic).
 
     Each can also come from ``ctx.options`` under the same name, which wins over the
     constructor (so an Evaluator can set them for all stages).
@@ -588,11 +599,11 @@ class Timing(Stage):
     where = "device"
     needs_gpu = True
 
-    def __init__(self, *, timing_batches: int | None = None, min_batch_ms: float = 2.0, warmup_ms: float = 20.0,
-                 timing_target_ms: float = 100.0, max_sets: int = 64) -> None:
+    def __init__(self, *, timing_batches: int | None = None, min_batch_ms: float = 2.0, warmup_ms: float = 10.0,
+                 timing_target_ms: float = 50.0, max_sets: int = 64, max_fraction: float = 1.1) -> None:
         self.defaults: dict[str, Any] = {"timing_batches": timing_batches, "min_batch_ms": min_batch_ms,
                                          "warmup_ms": warmup_ms, "timing_target_ms": timing_target_ms,
-                                         "max_sets": max_sets}
+                                         "max_sets": max_sets, "max_fraction": max_fraction}
 
     def __repr__(self) -> str:
         return f"Timing({', '.join(f'{k}={v!r}' for k, v in self.defaults.items())})"
@@ -639,7 +650,11 @@ class Timing(Stage):
         phases = _Phases()
         scalars = _scalars(problem, case)
         set_bytes = sum(s.nbytes + 2 * GUARD_BYTES for s in specs)
-        want = max(2, math.ceil(3 * max(device.l2_bytes, 1) / max(set_bytes, 1)))
+        data_bytes = sum(s.nbytes for s in specs)  # what the kernel touches (guards are not read)
+        # Enough sets that one round exceeds 3x L2 (every launch reads from HBM); one set
+        # when it alone does (a result reused across launches is caught by the new
+        # contents after warm-up and by the bandwidth ceiling below).
+        want = max(1, math.ceil(3 * max(device.l2_bytes, 1) / max(data_bytes, 1)))
         room = int(0.6 * backend.free_bytes()) // max(1, 3 * set_bytes)  # inputs' temporaries and refs too
         k = max(1, min(want, room, int(opts.get("max_sets", 64))))
         with phases("inputs"):
@@ -651,7 +666,7 @@ class Timing(Stage):
         # launch; then the batch of B launches is recorded once (a CUDA graph where the
         # backend can) and replayed until warmup_ms have passed and at least twice.
         min_batch = float(opts.get("min_batch_ms", 2.0))
-        warm_ms = float(opts.get("warmup_ms", 20.0))
+        warm_ms = float(opts.get("warmup_ms", 10.0))
         with phases("warmup"):
             start = backend.event()
             for i in range(k):
@@ -678,7 +693,7 @@ class Timing(Stage):
         if "timing_batches" in opts and opts["timing_batches"]:
             r = max(10, int(opts["timing_batches"]))
         else:
-            target = float(opts.get("timing_target_ms", 100.0))
+            target = float(opts.get("timing_target_ms", 50.0))
             r = int(min(100, max(10, math.ceil(target / (b * per_launch)))))
         with phases("timed"):
             times = [self._run_batch(backend, kernel, launch, sets, device, batch, b) / b for _ in range(r)]

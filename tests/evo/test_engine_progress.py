@@ -40,11 +40,30 @@ def test_plain_lines_are_throttled_and_disabled_is_silent() -> None:
 def test_rich_live_display() -> None:
     pytest.importorskip("rich")
     buf = io.StringIO()
-    p = Progress(True, stream=buf)
+    p = Progress(True, stream=buf, use_rich=True)
     assert p.uses_rich
     p.update(SNAP, force=True)
     p.close()
     assert not p.uses_rich
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_redirected_output_gets_plain_lines_and_a_terminal_gets_rich() -> None:
+    # a file or pipe (a job log) would otherwise see nothing of a transient live display
+    buf = io.StringIO()
+    p = Progress(True, interval=0.0, stream=buf)
+    assert not p.uses_rich
+    p.update(SNAP, force=True)
+    p.close()
+    assert "evals 12" in buf.getvalue()
+    pytest.importorskip("rich")
+    t = Progress(True, stream=_Tty())
+    assert t.uses_rich
+    t.close()
 
 
 def test_run_logs_progress(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -55,3 +74,6 @@ def test_run_logs_progress(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> 
     msgs = [r.getMessage() for r in caplog.records if r.name == "evo.engine"]
     assert any(m.startswith("evals 4 | best") for m in msgs)
     assert any("run stopped (evaluations budget 4 reached)" in m for m in msgs)
+    assert eng.last_run is not None and eng.last_run["evaluations"] == 4
+    assert eng.last_run["stop"] == "evaluations budget 4 reached" and eng.last_run["seconds"] > 0
+    assert eng.last_run["best"] is not None and eng.last_run["rate_per_min"] > 0

@@ -21,3 +21,29 @@ def test_no_gpu_exits_2(tmp_path: Path) -> None:
     assert r.returncode == 2, r.stderr
     assert "no usable GPU" in r.stderr
     assert not (tmp_path / "a.lmdb").exists()
+
+
+def test_summary_reports_the_run_and_the_gain_over_the_seeds(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from archive import Archive
+    from evo.types import Evaluation, Record, Status
+    from examples.rmsnorm_h100 import summary
+    from examples.rmsnorm_problem import make_forward_problem
+
+    prob = make_forward_problem(quick=True)
+    arch = Archive(prob, str(tmp_path / "a.lmdb"))
+    try:
+        for g, fit in zip(prob.seeds, (0.40, 0.50), strict=True):
+            arch.add(Record(g, Evaluation(Status.OK, fitness=fit, resources={"registers": 40})))
+        child = prob.seeds[0].with_params(THREADS=256)
+        arch.add(Record(child, Evaluation(Status.OK, fitness=0.60, resources={"registers": 48}),
+                        parents=(prob.seeds[0].id,), operator="param_mutation"))
+        engine = SimpleNamespace(last_run={"evaluations": 3, "seconds": 30.0, "rate_per_min": 6.0, "gpu_busy": 0.91,
+                                           "stop": "time budget reached"})
+        text = summary(engine, arch, prob, arch.best())
+    finally:
+        arch.close()
+    assert "3 evaluations in 30 s (6.0/min), GPU busy 91%" in text
+    assert "stopped: time budget reached; archive: 3 records" in text
+    assert "best fitness 0.6000" in text and "vs best seed 0.5000: 1.200x" in text

@@ -302,6 +302,14 @@ def test_default_stages_leave_timed_cases_to_timing():
     assert stages[names.index("correctness")].skip_timed is True
 
 
+def test_timing_uses_one_set_when_it_alone_exceeds_three_l2():
+    res, _ = run_stage(Timing(), "good", problem=small_problem(timed_shapes=({"M": 256, "N": 256},)))
+    assert res.ok, res.artifacts
+    assert res.metrics["cases"]["M=256,N=256:float32"]["sets"] == 1  # 512 KiB > 3 x 64 KiB of L2
+    small, _ = run_stage(Timing(), "good")
+    assert small.metrics["cases"]["M=64,N=256:float32"]["sets"] == 2  # 128 KiB per set
+
+
 def test_timing_rejects_a_kernel_faster_than_memory():
     # correct on every set, but skips the work on repeated launches: only the speed gives it away
     res, _ = run_stage(Timing(), "replay")
