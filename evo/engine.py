@@ -124,6 +124,13 @@ class EngineConfig:
             worker per visible GPU on this host) or ``"ray"`` (Ray actors across hosts).
         ray_address: Address of the Ray cluster for ``executor="ray"`` (``"auto"``, or
             ``None`` for a local cluster).
+        case_champions: Probability that a parent is drawn from the per-case champions
+            (for each timed case, the record with the lowest ``time_ms`` in
+            ``metrics["cases"]``) instead of the island's elites. The fitness aggregates
+            every case, so a genome that is the fastest on long rows but mediocre overall
+            would rarely be a parent; drawing champions keeps refining each case's best
+            (multi-task selection). 0 turns it off; it has no effect on Problems whose
+            evaluations report no per-case times.
     """
 
     islands: int = 2
@@ -144,9 +151,12 @@ class EngineConfig:
     progress_interval: float = 5.0
     executor: str = "local"
     ray_address: str | None = None
+    case_champions: float = 0.3
 
     def __post_init__(self) -> None:
         errs = []
+        if not 0.0 <= self.case_champions <= 1.0:
+            errs.append(f"case_champions={self.case_champions} must be in [0, 1]")
         if self.islands < 1:
             errs.append(f"islands={self.islands} must be >= 1")
         if self.migration_interval < 1:
@@ -405,14 +415,20 @@ class Engine:
         self._executor_errors = 0
         self._resumed = False
 
+        self._champions: dict[str, tuple[float, str]] = {}  # case key -> (time_ms, genome id)
         state = self.archive.load_state()
         if state:
             self._restore(state)
         else:
-            for g in problem.seeds:
-                if g.id not in self.archive:
-                    self._seed_queue.append({"genome": g.to_dict(), "operator": "seed", "meta": {}})
             self._init_from_archive()
+        self._rebuild_champions()
+        # Seeds not yet in the archive (all of them on a new run; seeds added to the
+        # Problem since, on a resumed one) are evaluated first.
+        queued = {item["genome"].get("id") for item in self._seed_queue if isinstance(item.get("genome"), dict)}
+        queued |= {c.genome.id for c in self._pending.values()}
+        for g in problem.seeds:
+            if g.id not in self.archive and g.id not in queued:
+                self._seed_queue.append({"genome": g.to_dict(), "operator": "seed", "meta": {}})
         if warm_start is not None and not self._warm_started:
             self._warm_start(warm_start)
         self._save_state()
@@ -594,6 +610,7 @@ class Engine:
             rec = result.record if getattr(result.record, "cell", None) is not None else self.archive.get(cand.genome.id)
             cell = rec.cell if rec is not None else None
             self.islands.add(cand.island, Entry(cand.genome.id, float(evaluation.fitness), cell_key(cell)))
+            self._note_champion(cand.genome.id, evaluation)
             frac = evaluation.metrics.get("fraction") if isinstance(evaluation.metrics, Mapping) else None
             if isinstance(frac, (int, float)) and math.isfinite(frac):
                 self._best_fraction = frac if self._best_fraction is None else max(self._best_fraction, frac)
@@ -785,6 +802,10 @@ class Engine:
                         pools[op.name] = failed
                 else:
                     pool = self._pool(island, k)
+                    if self._champions and self._rng.random() < self.config.case_champions:
+                        champs = self._champion_pool()
+                        if len(champs) >= k:
+                            pool = champs
                     if len(pool) >= k:
                         allowed.append(op.name)
                         pools[op.name] = pool
@@ -945,6 +966,44 @@ class Engine:
         self._device_set = True
 
     # -- internals: state ---------------------------------------------------------------------
+
+    def _note_champion(self, genome_id: str, evaluation: Evaluation) -> None:
+        """Record ``genome_id`` as the champion of every timed case it is the fastest on."""
+        cases = evaluation.metrics.get("cases") if isinstance(evaluation.metrics, Mapping) else None
+        if not isinstance(cases, Mapping):
+            return
+        for key, m in cases.items():
+            t = m.get("time_ms") if isinstance(m, Mapping) else None
+            if isinstance(t, (int, float)) and math.isfinite(t) and t > 0:
+                held = self._champions.get(key)
+                if held is None or t < held[0]:
+                    self._champions[key] = (float(t), genome_id)
+
+    def _rebuild_champions(self) -> None:
+        """Per-case champions from the OK records already in the archive."""
+        if self.config.case_champions <= 0:
+            return
+        try:
+            records = self.archive.records(Status.OK)
+        except TypeError:  # an archive without a status filter
+            records = (r for r in self.archive if r.evaluation.ok)
+        for r in records:
+            if r.fitness is not None:
+                self._note_champion(r.id, r.evaluation)
+
+    def _champion_pool(self) -> list[Entry]:
+        """One entry per distinct champion genome (in case order, so draws are reproducible)."""
+        out: list[Entry] = []
+        seen: set[str] = set()
+        for key in sorted(self._champions):
+            gid = self._champions[key][1]
+            if gid in seen:
+                continue
+            seen.add(gid)
+            r = self.archive.get(gid)
+            if r is not None and r.fitness is not None:
+                out.append(Entry(gid, float(r.fitness), cell_key(r.cell)))
+        return out
 
     def _init_from_archive(self) -> None:
         """Fill islands and failure list from records already in the archive (no state yet)."""

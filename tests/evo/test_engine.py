@@ -275,6 +275,24 @@ def test_resume_continues_the_same_rng_stream(problem, tmp_path: Path) -> None: 
     assert first + second == straight
 
 
+def test_seeds_added_to_the_problem_are_evaluated_on_resume(tmp_path: Path) -> None:
+    ex = ParamsExecutor()
+    first = make_problem()
+    with _engine(first, tmp_path / "a", seed=3) as eng:
+        (c,) = eng.ask(1)
+        assert c.operator == "seed"
+        eng.tell(c.id, ex.evaluate_now(c.genome))
+    extra = seed_genome(THREADS=448, UNROLL=2)
+    grown = make_problem(seeds=(seed_genome(), extra))
+    with _engine(grown, tmp_path / "a", seed=3) as eng:
+        assert eng.resumed
+        (c,) = eng.ask(1)
+        assert c.operator == "seed" and c.genome.id == extra.id  # the new seed, not the old one again
+        eng.tell(c.id, ex.evaluate_now(c.genome))
+    with _engine(grown, tmp_path / "a", seed=3) as eng:  # nothing queued twice
+        assert all(c.operator != "seed" for c in eng.ask(2))
+
+
 def test_pending_candidates_resubmitted_after_restart(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     ex = ParamsExecutor()
     eng = _engine(problem, tmp_path / "a")

@@ -1,0 +1,71 @@
+"""Per-case champions: a genome fastest on one timed case stays a parent even with a low fitness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evo.engine import Engine, EngineConfig
+from evo.types import Evaluation, Status
+from tests.evo.cpu_problem import make_problem, seed_genome
+
+
+def _evaluation(fitness: float, small_ms: float, large_ms: float) -> Evaluation:
+    return Evaluation(Status.OK, fitness=fitness, resources={"registers": 32},
+                      metrics={"cases": {"N=256:float32": {"time_ms": small_ms},
+                                         "N=65536:float32": {"time_ms": large_ms}}})
+
+
+GENERALIST = seed_genome(THREADS=128)
+SPECIALIST = seed_genome(THREADS=448)  # slow overall, fastest on the long case
+RUNNER_UP = seed_genome(THREADS=256)  # the best fitness, but the fastest on no case
+OUTCOMES = {GENERALIST.id: _evaluation(0.9, 1.0, 10.0), SPECIALIST.id: _evaluation(0.2, 5.0, 8.0),
+            RUNNER_UP.id: _evaluation(1.0, 2.0, 9.0)}
+
+
+def _parents(tmp_path: Path, name: str, share: float) -> set[str]:
+    prob = make_problem(seeds=(GENERALIST, SPECIALIST, RUNNER_UP))
+    with Engine(prob, str(tmp_path / name), config=EngineConfig(islands=1, case_champions=share), seed=1) as eng:
+        for c in eng.ask(3):
+            eng.tell(c.id, OUTCOMES[c.genome.id])
+        seen: set[str] = set()
+        for _ in range(60):
+            seen.update(p.id for p in eng._plan().parents)
+    return seen
+
+
+def test_with_champions_only_the_fastest_per_case_are_parents(tmp_path: Path) -> None:
+    assert _parents(tmp_path, "only", 1.0) == {GENERALIST.id, SPECIALIST.id}
+    assert RUNNER_UP.id in _parents(tmp_path, "off", 0.0)  # plain elites: everyone
+
+
+def test_champions_are_tracked_and_drawn_as_parents(tmp_path: Path) -> None:
+    prob = make_problem(seeds=(GENERALIST, SPECIALIST))
+    cfg = EngineConfig(islands=1, case_champions=1.0, selection="fitness")
+    with Engine(prob, str(tmp_path / "a"), config=cfg, seed=1) as eng:
+        first, second = eng.ask(2)
+        by_id = {GENERALIST.id: _evaluation(0.9, 1.0, 10.0), SPECIALIST.id: _evaluation(0.2, 5.0, 8.0)}
+        for c in (first, second):
+            eng.tell(c.id, by_id[c.genome.id])
+        assert eng._champions["N=65536:float32"][1] == SPECIALIST.id
+        assert eng._champions["N=256:float32"][1] == GENERALIST.id
+        parents = set()
+        for _ in range(40):
+            plan = eng._plan()
+            parents.update(p.id for p in plan.parents)
+        assert SPECIALIST.id in parents  # drawn although its fitness is a quarter of the generalist's
+    with Engine(prob, str(tmp_path / "a"), config=cfg, seed=1) as eng:  # rebuilt from the archive on resume
+        assert eng.resumed
+        assert eng._champions["N=65536:float32"] == (8.0, SPECIALIST.id)
+
+
+def test_champions_off_and_invalid_setting(tmp_path: Path) -> None:
+    prob = make_problem(seeds=(GENERALIST, SPECIALIST))
+    cfg = EngineConfig(islands=1, case_champions=0.0)
+    with Engine(prob, str(tmp_path / "b"), config=cfg, seed=1) as eng:
+        for c in eng.ask(2):
+            eng.tell(c.id, _evaluation(0.5, 1.0, 1.0))
+        assert eng._champion_pool()  # tracked (cheap) but never drawn
+    with pytest.raises(ValueError, match="case_champions=1.5 must be in"):
+        EngineConfig(case_champions=1.5)
