@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rmsnorm_peers.md"))
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma list of dtypes")
+    ap.add_argument("--skip", default="", help="comma list of providers to leave out (e.g. 'quack tuned', "
+                    "whose autotuning takes minutes per case)")
     args = ap.parse_args(argv)
     import torch
 
@@ -159,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     module = load_module(args)
     provs = providers(module)
+    for name in filter(None, (t.strip() for t in args.skip.split(","))):
+        provs.pop(name, None)
     shapes = SHAPES if args.shapes == "all" else [s for s in SHAPES if str(s[1]) in args.shapes.split(",")]
 
     # copy ceiling, same method: 2 GiB device-to-device
@@ -180,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     names = list(provs)
     lines.append("| case | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")  # rows are appended as they are measured
+    print("\n".join(lines), flush=True)
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     for dtype in args.dtypes.split(","):
         for m, n in shapes:
@@ -205,12 +213,11 @@ def main(argv: list[str] | None = None) -> int:
                         pass
             row = f"| {m}x{n} {dtype} | " + " | ".join(cells) + " |"
             print(row, flush=True)
-            lines.append(row)
+            with out.open("a") as fh:  # a run cut short keeps every finished row
+                fh.write(row + "\n")
             del xs
             torch.cuda.empty_cache()
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 
