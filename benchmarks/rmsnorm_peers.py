@@ -1,4 +1,4 @@
-"""RMSNorm forward on Hopper: our best genomes against the peers, side by side.
+"""RMSNorm on Hopper: our best genomes against the peers, side by side (forward, or --backward).
 
 Providers: the exported best genomes (``--module`` from ``examples/rmsnorm_h100.py``, or
 ``--archive`` exported on the fly), torch.nn.functional.rms_norm, torch.compile of it
@@ -10,11 +10,18 @@ Timing, the same for every provider and the same as the fitness Timing stage
 exceeds 3x L2), warm-up, then CUDA-graph replays of a round-robin batch of at least 2 ms
 (calls issued one by one when capture fails); the median over replays is reported with
 its spread ((p75-p25)/median). TB/s uses 2*M*N*elem + 4*N bytes; "% copy" is against a
-device-to-device copy timed the same way in the same run. A provider that fails on a case
-is shown as FAILED with the error class (the message goes to stderr). The Markdown table
-goes to ``--out`` (default ``benchmarks/results/rmsnorm_peers.md``); RESULTS.md quotes it.
+device-to-device copy (timed call by call) in the same run. A provider that fails on a
+case is shown as FAILED with the error class (the message goes to stderr). The Markdown
+table goes to ``--out`` (default ``benchmarks/results/rmsnorm_peers.md``), row by row;
+RESULTS.md quotes it.
+
+``--backward`` times dx and dw instead, on the backward Problem's timed shapes: the
+genomes of a backward search (``examples/rmsnorm_h100.py --backward``), the reference
+backward in torch (eager and torch.compile) and QuACK's ``rmsnorm_bwd``; bytes
+``3*M*N*elem + 4*M + 8*N``.
 
     python benchmarks/rmsnorm_peers.py --module runs/rmsnorm_h100.dispatch.py
+    python benchmarks/rmsnorm_peers.py --backward --archive runs/rmsnorm_bwd_h100.lmdb --skip "quack tuned"
 """
 
 from __future__ import annotations
@@ -120,14 +127,51 @@ def providers(module: Any | None) -> dict[str, Callable[[Any, Any], Callable[[],
     return out
 
 
+def providers_backward(module: Any | None) -> dict[str, Callable[..., Callable[[], Any]]]:
+    """name -> make_call(x, w, dy, rstd) for the backward (dx and dw); w and rstd are float32."""
+    import torch
+
+    from examples.rmsnorm_h100 import rmsnorm_backward_torch
+
+    out: dict[str, Callable[..., Callable[[], Any]]] = {}
+    if module is not None:
+        dt = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+        def evo_call(x: Any, w: Any, dy: Any, rstd: Any) -> Callable[[], Any]:
+            import cupy
+
+            dx = torch.empty_like(x)
+            dw = torch.empty(x.shape[1], device=x.device, dtype=torch.float32)
+            shape = {"M": x.shape[0], "N": x.shape[1]}
+            bufs = [cupy.asarray(t) for t in (x, w, dy, rstd, dx, dw)]
+
+            def call() -> None:
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                    module.run(*bufs, shape=shape, dtype=dt[x.dtype])
+            return call
+        out["evo (ours)"] = evo_call
+    out["torch"] = lambda x, w, dy, rstd: (lambda: rmsnorm_backward_torch(x, w, dy, rstd))
+    compiled = torch.compile(rmsnorm_backward_torch, dynamic=False)
+    out["torch.compile"] = lambda x, w, dy, rstd: (lambda: compiled(x, w, dy, rstd))
+    try:
+        quack = importlib.import_module("quack.rmsnorm")
+        out["quack"] = lambda x, w, dy, rstd: (lambda: quack.rmsnorm_bwd(x, w, dy, rstd))
+    except Exception as e:  # noqa: BLE001
+
+        def missing(*_a: Any, exc: BaseException = e) -> Callable[[], Any]:
+            raise exc
+        out["quack"] = missing
+    return out
+
+
 def load_module(args: argparse.Namespace) -> Any | None:
     path = args.module
     if path is None and args.archive:
         from archive import Archive
         from evo.export import export_module
-        from examples.rmsnorm_problem import make_forward_problem
+        from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
 
-        prob = make_forward_problem()
+        prob = make_backward_problem() if args.backward else make_forward_problem()
         arch = Archive(prob, args.archive)
         try:
             path = export_module(arch, prob, Path(args.archive).with_suffix(".dispatch.py"))
@@ -149,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rmsnorm_peers.md"))
     ap.add_argument("--dtypes", default=",".join(DTYPES), help="comma list of dtypes")
+    ap.add_argument("--backward", action="store_true",
+                    help="time the backward (dx, dw) on the backward Problem's timed shapes instead")
     ap.add_argument("--skip", default="", help="comma list of providers to leave out (e.g. 'quack tuned', "
                     "whose autotuning takes minutes per case)")
     args = ap.parse_args(argv)
@@ -160,10 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     module = load_module(args)
-    provs = providers(module)
+    provs: dict[str, Any] = providers_backward(module) if args.backward else providers(module)
     for name in filter(None, (t.strip() for t in args.skip.split(","))):
         provs.pop(name, None)
-    shapes = SHAPES if args.shapes == "all" else [s for s in SHAPES if str(s[1]) in args.shapes.split(",")]
+    all_shapes = SHAPES
+    if args.backward:
+        from examples.rmsnorm_problem import make_backward_problem
+
+        all_shapes = [(s["M"], s["N"]) for s in make_backward_problem().timed_shapes]
+    shapes = all_shapes if args.shapes == "all" else [s for s in all_shapes if str(s[1]) in args.shapes.split(",")]
 
     # copy ceiling, same method: 2 GiB device-to-device
     src = torch.empty(1 << 29, device="cuda", dtype=torch.float32)
@@ -176,11 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     copy_tbs = 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e12
     src = dst = None  # free the copy buffers
 
-    lines = [f"# RMSNorm forward peers ({datetime.date.today().isoformat()})", "",
+    what = "backward (dx, dw)" if args.backward else "forward"
+    lines = [f"# RMSNorm {what} peers ({datetime.date.today().isoformat()})", "",
              f"Machine: {props.name}, {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB; host "
              f"{platform.node()}; torch {torch.__version__}; python {platform.python_version()}.",
              f"Copy ceiling (D2D, same method): {copy_tbs:.3f} TB/s. Cells: ms / TB/s / % of copy "
-             "(spread); median over CUDA-graph batches of L2-cold rotated calls (fitness.time_calls).", ""]
+             "(spread); median over CUDA-graph batches of L2-cold rotated calls (fitness.time_calls). "
+             + ("Bytes: 3*M*N*elem + 4*M + 8*N." if args.backward else "Bytes: 2*M*N*elem + 4*N."), ""]
     names = list(provs)
     lines.append("| case | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")
@@ -194,14 +247,25 @@ def main(argv: list[str] | None = None) -> int:
             elem = torch.finfo(tdt[dtype]).bits // 8
             one = m * n * elem
             free = torch.cuda.mem_get_info()[0]
-            sets = max(1, min(16, -(-3 * l2 // (2 * one)), int(0.4 * free // (2 * one)) or 1))  # x + y > 3x L2
+            per_set = (3 if args.backward else 2) * one  # x + y, or x + dy + dx
+            sets = max(1, min(16, -(-3 * l2 // per_set), int(0.4 * free // per_set) or 1))  # a round > 3x L2
             xs = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
             w = torch.randn(n, device="cuda", dtype=torch.float32)
-            nbytes = 2 * m * n * elem + 4 * n
+            dys = rstds = None
+            if args.backward:
+                dys = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
+                rstds = [torch.rsqrt(x.float().pow(2).mean(dim=1) + EPS) for x in xs]
+                nbytes = 3 * m * n * elem + 4 * m + 8 * n
+            else:
+                nbytes = 2 * m * n * elem + 4 * n
             cells = []
             for name in names:
                 try:
-                    ms, spread = bench(provs[name], xs, w)
+                    if args.backward:
+                        res = time_calls([provs[name](x, w, dy, r) for x, dy, r in zip(xs, dys, rstds, strict=True)])
+                        ms, spread = res.time_ms, res.spread
+                    else:
+                        ms, spread = bench(provs[name], xs, w)
                     tbs = nbytes / (ms * 1e-3) / 1e12
                     cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
                 except Exception as e:  # noqa: BLE001 - shown, never dropped
@@ -215,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             print(row, flush=True)
             with out.open("a") as fh:  # a run cut short keeps every finished row
                 fh.write(row + "\n")
-            del xs
+            xs = dys = rstds = None  # free this case's buffers before the next
             torch.cuda.empty_cache()
     print(f"wrote {out}")
     return 0

@@ -4,6 +4,7 @@ Usage::
 
     python examples/rmsnorm_h100.py --minutes 5 --archive runs/rmsnorm_h100.lmdb
     python examples/rmsnorm_h100.py --quick --evaluations 50
+    python examples/rmsnorm_h100.py --backward --minutes 3     # dx and dw instead
 
 On a machine without a usable GPU it stops at once with exit code 2. After the search it
 prints, per timed case, the best record found against torch.nn.functional.rms_norm and
@@ -73,13 +74,14 @@ def gpu_available() -> tuple[bool, str]:
     return True, ""
 
 
-def time_torch(fn: Any, case: Any, l2_bytes: int = 50 << 20) -> float:
-    """Median ms per call of ``fn(x, w)``, timed with the fitness Timing stage's method.
+def time_torch(fn: Any, case: Any, l2_bytes: int = 50 << 20, backward: bool = False) -> float:
+    """Median ms per call of a torch RMSNorm, timed with the fitness Timing stage's method.
 
+    Forward: ``fn(x, w)``; backward: ``fn(x, w, dy, rstd)`` (see :func:`rmsnorm_backward_torch`).
     Input sets rotate so that together they exceed 3x L2 (every call reads from HBM);
     batches are CUDA-graph replays where torch can capture them (see
-    :func:`fitness.time_calls`). torch gets ``w`` in the input's dtype (cast once,
-    outside the timed calls).
+    :func:`fitness.time_calls`). The forward gets ``w`` in the input's dtype (cast once,
+    outside the timed calls); the backward gets it in float32, as the genomes do.
     """
     import torch
 
@@ -87,15 +89,33 @@ def time_torch(fn: Any, case: Any, l2_bytes: int = 50 << 20) -> float:
 
     m, n = case["M"], case["N"]
     dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[case.dtype]
-    one = 2 * m * n * torch.finfo(dt).bits // 8
+    elem = torch.finfo(dt).bits // 8
+    one = (3 if backward else 2) * m * n * elem
     sets = max(1, min(16, -(-3 * l2_bytes // max(one, 1))))
     xs = [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
-    w = torch.randn(n, device="cuda", dtype=dt)
-    return time_calls([(lambda x=x: fn(x, w)) for x in xs]).time_ms
+    if not backward:
+        w = torch.randn(n, device="cuda", dtype=dt)
+        return time_calls([(lambda x=x: fn(x, w)) for x in xs]).time_ms
+    w32 = torch.randn(n, device="cuda", dtype=torch.float32)
+    dys = [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
+    rstds = [torch.rsqrt(x.float().pow(2).mean(dim=1) + 1e-6) for x in xs]
+    return time_calls([(lambda x=x, dy=dy, r=r: fn(x, w32, dy, r)) for x, dy, r in zip(xs, dys, rstds, strict=True)]
+                      ).time_ms
 
 
-def torch_providers() -> dict[str, Any]:
-    """rms_norm eager and torch.compile (static shapes), or {} without torch."""
+def rmsnorm_backward_torch(x: Any, w: Any, dy: Any, rstd: Any) -> tuple[Any, Any]:
+    """The reference backward in torch: dx (dtype of x) and dw (float32) from x, w, dy, rstd."""
+    xhat = x.float() * rstd[:, None]
+    g = dy.float() * w[None, :]
+    c = (xhat * g).mean(dim=1, keepdim=True)
+    dx = (rstd[:, None] * (g - xhat * c)).to(x.dtype)
+    dw = (dy.float() * xhat).sum(dim=0)
+    return dx, dw
+
+
+def torch_providers(backward: bool = False) -> dict[str, Any]:
+    """Eager torch and torch.compile (static shapes) of the forward, or of the reference
+    backward with ``backward=True``; {} without torch."""
     try:
         import torch
         import torch.nn.functional as F
@@ -108,7 +128,8 @@ def torch_providers() -> dict[str, Any]:
     for knob in ("recompile_limit", "cache_size_limit"):  # one compile per shape: 33 cases, not 8
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 256)
-    return {"torch": eager, "torch.compile": torch.compile(eager, dynamic=False)}
+    fn = rmsnorm_backward_torch if backward else eager
+    return {"torch": fn, "torch.compile": torch.compile(fn, dynamic=False)}
 
 
 def summary(engine: Any, arch: Any, problem: Any, best: Any) -> str:
@@ -132,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=5.0, help="wall-clock budget of the search")
     ap.add_argument("--evaluations", type=int, default=None, help="stop after this many evaluations")
-    ap.add_argument("--archive", default="runs/rmsnorm_h100.lmdb", help="LMDB archive path (resumed if present)")
+    ap.add_argument("--archive", default=None, help="LMDB archive path, resumed if present (default "
+                    "runs/rmsnorm_h100.lmdb, or runs/rmsnorm_bwd_h100.lmdb with --backward)")
+    ap.add_argument("--backward", action="store_true",
+                    help="search the backward Problem (dx and dw) instead of the forward")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="time 3 shapes instead of 11")
     ap.add_argument("--executor", choices=("local", "ray"), default="local")
@@ -151,9 +175,11 @@ def main(argv: list[str] | None = None) -> int:
     from evo import Budget, Engine
     from evo.export import export_module
     from evo.types import Case
-    from examples.rmsnorm_problem import make_forward_problem
+    from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
 
-    problem = make_forward_problem(quick=args.quick)
+    if args.archive is None:
+        args.archive = "runs/rmsnorm_bwd_h100.lmdb" if args.backward else "runs/rmsnorm_h100.lmdb"
+    problem = make_backward_problem(quick=args.quick) if args.backward else make_forward_problem(quick=args.quick)
     from fitness.ray import make_executor
 
     kw = {"ray_address": args.ray_address} if args.executor == "ray" else {}
@@ -175,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(summary(engine, arch, problem, best))
         per_case = best_per_case(arch, problem)
-        providers = {} if args.no_compare else torch_providers()
+        providers = {} if args.no_compare else torch_providers(backward=args.backward)
         head = f"{'case':34} {'best ms':>9} {'TB/s':>6} {'frac':>6}" + "".join(f" {p:>14}" for p in providers)
         print(head)
         for key, rec in per_case.items():
@@ -188,11 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                     row += f" {'-':>14}"
                     continue
                 try:
-                    row += f" {time_torch(fn, case):11.4f} ms"
+                    row += f" {time_torch(fn, case, backward=args.backward):11.4f} ms"
                 except Exception as e:  # noqa: BLE001 - shown, never dropped
                     row += f" {'FAILED ' + type(e).__name__:>14}"
             print(row)
-        out = export_module(arch, problem, Path(args.archive).with_suffix(".dispatch.py"), extra_code=TORCH_OP)
+        out = export_module(arch, problem, Path(args.archive).with_suffix(".dispatch.py"),
+                            extra_code="" if args.backward else TORCH_OP)
         print(f"exported {len(per_case)} genomes to {out}")
         return 0
     finally:

@@ -47,3 +47,28 @@ def test_summary_reports_the_run_and_the_gain_over_the_seeds(tmp_path: Path) -> 
     assert "3 evaluations in 30 s (6.0/min), GPU busy 91%" in text
     assert "stopped: time budget reached; archive: 3 records" in text
     assert "best fitness 0.6000" in text and "vs best seed 0.5000: 1.200x" in text
+
+
+def test_backward_flag_also_stops_without_a_gpu(tmp_path: Path) -> None:
+    if _cuda_usable():
+        pytest.skip("a GPU is present")
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "rmsnorm_h100.py"), "--backward", "--archive",
+                        str(tmp_path / "b.lmdb")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "no usable GPU" in r.stderr
+
+
+def test_torch_reference_backward_matches_the_problem_reference() -> None:
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from evo.types import Case
+    from examples.rmsnorm_h100 import rmsnorm_backward_torch
+    from examples.rmsnorm_problem import bwd_make_inputs, bwd_reference
+
+    case = Case({"M": 7, "N": 33}, "float32")
+    inputs = bwd_make_inputs(case, np.random.default_rng(0), np)
+    want = bwd_reference(inputs, case, np)
+    t = {k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()}
+    dx, dw = rmsnorm_backward_torch(t["x"].reshape(7, 33), t["w"], t["dy"].reshape(7, 33), t["rstd"])
+    assert np.allclose(dx.numpy().reshape(-1), want["dx"], rtol=1e-4, atol=1e-5)
+    assert np.allclose(dw.numpy(), want["dw"], rtol=1e-4, atol=1e-5)
