@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, ts in per_case.items():
             med = statistics.median(ts)
             rep[key] = {"median_ms": med, "max_dev": max(abs(t - med) / med for t in ts), "n": len(ts),
+                        "times_ms": ts,  # in run order, to tell drift from scatter
                         "fraction": [r.metrics["cases"][key].get("fraction") for r in [first] + repeats
                                      if r.status is Status.OK][0]}
         # Where a good evaluation's time goes: Timing-stage phases per case (median over repeats).
