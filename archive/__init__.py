@@ -3,12 +3,14 @@
 API index:
     :class:`Archive`        the grid: add / add_many, get, records, elites, sample_elites,
                             best, coverage, qd_score, counts, lineage, lessons,
-                            save_state / load_state, header, set_device, open_readonly
+                            save_state / load_state, header, set_device, open_readonly,
+                            sync (flush, for ``durability="process"``)
     :class:`AddStatus`, :class:`AddResult`
     :func:`fork_archive`    copy records and lessons into a new archive for another problem
     :class:`Lineage`        parent -> child graph (networkx)
     :class:`Lessons`        append-only lessons
     :class:`Store`, :class:`Txn`, :class:`LMDBStore`, :class:`MemoryStore`   storage seam
+    :data:`DURABILITY`      what ``durability="full"`` (default) and ``"process"`` guarantee
     Errors: :class:`ArchiveError` > :class:`NotAnArchiveError`, :class:`SchemaVersionError`,
         :class:`CorruptArchiveError`, :class:`HeaderMismatchError`, :class:`InvalidRecordError`,
         :class:`ReadOnlyArchiveError`, :class:`TransactionConflict`
@@ -28,11 +30,14 @@ from archive._errors import (
 )
 from archive._lessons import Lessons
 from archive._lineage import Lineage
-from archive._lmdb import DEFAULT_MAP_SIZE, LMDBStore
+from archive._lmdb import DEFAULT_MAP_SIZE, DEFAULT_SYNC_INTERVAL, DURABILITY, Durability, LMDBStore
 from archive._store import MemoryStore, Store, Txn
 
 __all__ = [
     "DEFAULT_MAP_SIZE",
+    "DEFAULT_SYNC_INTERVAL",
+    "DURABILITY",
+    "Durability",
     "FORMAT",
     "AddResult",
     "AddStatus",

@@ -52,7 +52,7 @@ from archive._errors import (
 )
 from archive._lessons import Lessons
 from archive._lineage import Lineage
-from archive._lmdb import DEFAULT_MAP_SIZE, LMDBStore
+from archive._lmdb import DEFAULT_MAP_SIZE, DURABILITY, Durability, LMDBStore
 from archive._store import MemoryStore, Store, Txn
 from evo.codec import SCHEMA_VERSION, CodecError, dumps, loads, pack_raw, unpack_raw
 from evo.space import CategoricalAxis, NumericAxis, SpaceError
@@ -110,6 +110,13 @@ def _read_u64(raw: bytes | None) -> int:
     return struct.unpack(">Q", raw)[0] if raw else 0
 
 
+def _result(status: AddStatus, record: Record, previous: Record | None, duplicate: bool) -> AddResult:
+    """An :class:`AddResult` without the frozen dataclass's per-field ``__setattr__`` calls."""
+    res = object.__new__(AddResult)
+    res.__dict__.update(status=status, record=record, previous=previous, duplicate=duplicate)
+    return res
+
+
 def _cell_key(cell: tuple[int, ...]) -> bytes:
     return b"c" + struct.pack(f">{len(cell)}I", *cell)
 
@@ -117,6 +124,79 @@ def _cell_key(cell: tuple[int, ...]) -> bytes:
 def _cell_of_key(key: bytes) -> tuple[int, ...]:
     n = (len(key) - 1) // 4
     return tuple(struct.unpack(f">{n}I", key[1:]))
+
+
+_SOURCES = ("params", "resources", "metrics")
+
+
+def _placer(problem: Problem) -> Any:
+    """A fast equivalent of ``problem.descriptor_values`` followed by each axis's ``index``.
+
+    Returns a function ``(genome, evaluation) -> (cell, values)`` that returns None whenever
+    it is not sure (a missing value, an unusual type, NaN, a category it did not index); the
+    caller then takes the general path, which also raises the right error. Returns None when
+    the problem or an axis overrides the stock methods.
+    """
+    names = [axis.name for axis in problem.descriptors]
+    if type(problem).descriptor_values is not Problem.descriptor_values or len(set(names)) != len(names):
+        return None
+    plan: list[tuple[str, tuple[str, ...], int, Any]] = []
+    for axis in problem.descriptors:
+        sources = (axis.source,) if axis.source else _SOURCES
+        if any(src not in _SOURCES for src in sources):
+            return None
+        if type(axis) is NumericAxis:
+            plan.append((axis.name, sources, 0, (axis.low, axis.high, axis.bins)))  # the same arithmetic
+        elif type(axis) is CategoricalAxis:
+            index: dict[tuple[type, Any], int] = {}
+            for i, v in enumerate(axis.values):
+                if v != v:  # NaN never matches (the general path says so)
+                    continue
+                try:
+                    index.setdefault((type(v), v), i)
+                except TypeError:  # unhashable category: leave such values to the general path
+                    pass
+            plan.append((axis.name, sources, 1, index))
+        else:
+            return None
+
+    def place(genome: Any, evaluation: Any) -> tuple[tuple[int, ...], dict[str, Any]] | None:
+        values: dict[str, Any] = {}
+        cell: list[int] = []
+        for name, sources, kind, data in plan:
+            for src in sources:
+                table = genome.params if src == "params" else (
+                    evaluation.resources if src == "resources" else evaluation.metrics)
+                if name in table:
+                    value = table[name]
+                    break
+            else:
+                return None
+            values[name] = value
+            t = type(value)
+            if kind == 0:
+                if t is not int and t is not float:
+                    return None
+                v = float(value)
+                if v != v:
+                    return None
+                low, high, bins = data
+                try:
+                    i = int((v - low) / (high - low) * bins)
+                except OverflowError:  # infinite or huge: the general path decides
+                    return None
+                cell.append(min(max(i, 0), bins - 1))
+            else:
+                try:
+                    j = data.get((t, value))
+                except TypeError:
+                    return None
+                if j is None:
+                    return None
+                cell.append(j)
+        return tuple(cell), values
+
+    return place
 
 
 def _library_version() -> str:
@@ -213,6 +293,11 @@ class Archive:
         force: Reuse an archive created for a different problem or device; the header is
             updated to this problem and the old fingerprint is kept in ``header["history"]``.
         map_size: Initial LMDB map size when ``store`` is a path.
+        durability: When ``store`` is a path: ``"full"`` (default), every add is on the
+            disk when it returns; ``"process"``, adds are flushed to the disk about once a
+            second, by :meth:`sync` and by :meth:`close`: a killed process loses nothing,
+            an operating-system crash or power cut can lose or damage the last second of
+            adds (see :data:`archive.DURABILITY`).
 
     Raises:
         NotAnArchiveError: The path holds something else (it is left untouched).
@@ -226,14 +311,19 @@ class Archive:
 
     def __init__(self, problem: Problem, store: Store | str | os.PathLike[str] | None = None, *,
                  device: DeviceInfo | Mapping[str, Any] | None = None, force: bool = False,
-                 map_size: int = DEFAULT_MAP_SIZE) -> None:
+                 map_size: int = DEFAULT_MAP_SIZE, durability: Durability = "full") -> None:
         if not isinstance(problem, Problem):
             raise TypeError(f"Archive needs a Problem, got {type(problem).__name__}")
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {', '.join(map(repr, DURABILITY))}, got {durability!r}")
+        if durability != "full" and (store is None or isinstance(store, Store)):
+            raise ValueError(f"durability={durability!r} applies when the archive opens its own LMDB store from a "
+                             "path; pass the path, or set it on the store (LMDBStore(path, durability=...))")
         owns = not isinstance(store, Store)
         if store is None:
             store = MemoryStore()
         elif not isinstance(store, Store):
-            store = LMDBStore(store, map_size=map_size)
+            store = LMDBStore(store, map_size=map_size, durability=durability)
         try:
             self._setup(store, owns, problem, readonly=False)
             self._open_header(force)
@@ -275,6 +365,7 @@ class Archive:
         self.path: Path | None = getattr(store, "path", None)
         self._where = str(self.path) if self.path is not None else "in-memory archive"
         self._axes = tuple(problem.descriptors) if problem is not None else ()
+        self._place = _placer(problem) if problem is not None else None
         self._header: dict[str, Any] = {}
         self._elites: dict[tuple[int, ...], tuple[str, float, int]] = {}
         self._elite_list: list[tuple[str, float, int]] | None = None
@@ -371,16 +462,23 @@ class Archive:
 
     def _prepare(self, record: Record) -> Record:
         """A private copy of ``record`` with its cell and descriptors set (seq is set on insert)."""
-        if not isinstance(record, Record):
+        if type(record) is not Record and not isinstance(record, Record):
             raise InvalidRecordError(f"add() takes a Record, got {type(record).__name__}")
-        rec = record._copy()  # always a private copy: _insert sets its seq
+        rec = object.__new__(type(record))  # always a private copy: _insert_all sets its seq
         fields = rec.__dict__
-        if record.evaluation.status is not Status.OK:
+        fields.update(record.__dict__)
+        evaluation = record.evaluation
+        if evaluation.status is not Status.OK:
             fields["cell"] = None
             return rec
-        assert self.problem is not None
+        placed = self._place(record.genome, evaluation) if self._place is not None else None
+        if placed is not None:
+            fields["cell"], fields["descriptors"] = placed
+            return rec
+        problem = self.problem
+        assert problem is not None
         try:
-            values = self.problem.descriptor_values(record.genome, record.evaluation)
+            values = problem.descriptor_values(record.genome, evaluation)
             cell = tuple([int(axis.index(values[axis.name])) for axis in self._axes])
         except SpaceError as e:
             raise InvalidRecordError(
@@ -399,11 +497,11 @@ class Archive:
         then decides every record in order in memory, then writes each sub-database in one
         call; the stored result is the same as adding the records one by one.
         """
-        keys = [rec.genome.id.encode("ascii") for rec in prepared]
-        stored = dict(zip(keys, txn.get_many("records", keys), strict=True))
+        keys = [rec.genome._id.encode("ascii") for rec in prepared]  # type: ignore[attr-defined]
+        stored = txn.get_many("records", keys)
         batch: dict[bytes, Record] = {}
-        cells: dict[bytes, tuple[str, float] | None] = {}
-        winners: dict[bytes, bytes] = {}
+        cells: dict[tuple[int, ...], tuple[str, float] | None] = {}
+        winners: dict[tuple[int, ...], tuple[str, float, int]] = {}
         rec_items: list[tuple[bytes, bytes]] = []
         index_items: list[tuple[bytes, bytes]] = []
         lineage_items: list[tuple[bytes, bytes]] = []
@@ -413,50 +511,53 @@ class Archive:
         out: list[tuple[AddResult, tuple[Any, ...] | None]] = []
         append = out.append
         pack_seq = _U64.pack
-        for rec, key in zip(prepared, keys, strict=True):
+        encode = dumps
+        isfinite = math.isfinite
+        new_result = _result
+        not_added, improved, new = AddStatus.NOT_ADDED, AddStatus.IMPROVED, AddStatus.NEW
+        for rec, key, existing in zip(prepared, keys, stored, strict=True):
             if key in batch:
-                append((AddResult(AddStatus.NOT_ADDED, batch[key], None, duplicate=True), None))
+                append((new_result(not_added, batch[key], None, True), None))
                 continue
-            existing = stored[key]
             if existing is not None:
-                append((AddResult(AddStatus.NOT_ADDED, self._decode(existing), None, duplicate=True), None))
+                append((new_result(not_added, self._decode(existing), None, True), None))
                 continue
             fields = rec.__dict__
             fields["seq"] = seq  # rec is the private copy made by _prepare
             try:
-                data = dumps(rec)
+                data = encode(rec)
             except CodecError as e:
                 raise InvalidRecordError(f"record {rec.id[:12]} cannot be encoded: {e}; nothing was written") \
                     from None
             batch[key] = rec
             rec_items.append((key, data))
-            status = rec.evaluation.status.value
+            status = fields["evaluation"].status._value_
             index_items.append((b"s" + pack_seq(seq), key + b"\0" + status.encode()))
-            if rec.parents:
-                op = rec.operator.encode()
-                for parent in rec.parents:
+            parents = fields["parents"]
+            if parents:
+                op = fields["operator"].encode()
+                for parent in parents:
                     lineage_items.append((str(parent).encode() + b"/" + key, op))
             counts[status] = counts.get(status, 0) + 1
             this_seq = seq
             seq += 1
             cell = fields["cell"]
             if cell is None:
-                append((AddResult(AddStatus.NOT_ADDED, rec, None), None))
+                append((new_result(not_added, rec, None, False), None))
                 continue
-            fit = float(rec.evaluation.fitness)  # type: ignore[arg-type]
-            if math.isfinite(fit):
-                low = fit if low is None or fit < low else low
-            ck = _cell_key(cell)
-            if ck in cells:
-                cur = cells[ck]
+            fit = float(fields["evaluation"].fitness)
+            if isfinite(fit) and (low is None or fit < low):
+                low = fit
+            if cell in cells:
+                cur = cells[cell]
             else:
-                raw = txn.get("cells", ck)
+                raw = txn.get("cells", _cell_key(cell))
                 if raw is None:
                     cur = None
                 else:
                     cid, cfit, _ = unpack_raw(raw)
                     cur = (cid, cfit)
-                cells[ck] = cur
+                cells[cell] = cur
             previous = None
             if cur is not None:
                 cid, cfit = cur
@@ -467,12 +568,13 @@ class Archive:
                     prev = self._decode(prev_raw) if prev_raw is not None else None
                 previous = prev
                 if not fit > cfit:
-                    append((AddResult(AddStatus.NOT_ADDED, rec, previous), None))
+                    append((new_result(not_added, rec, previous, False), None))
                     continue
-            cells[ck] = (rec.genome.id, fit)
-            winners[ck] = pack_raw([rec.genome.id, fit, this_seq])
-            append((AddResult(AddStatus.NEW if cur is None else AddStatus.IMPROVED, rec, previous),
-                    (cell, rec.genome.id, fit, this_seq)))
+            gid = key.decode()
+            cells[cell] = (gid, fit)
+            winners[cell] = (gid, fit, this_seq)
+            append((new_result(improved if cur is not None else new, rec, previous, False),
+                    (cell, gid, fit, this_seq)))
         if rec_items:
             rec_items.sort()
             txn.put_many("records", rec_items)
@@ -481,7 +583,7 @@ class Archive:
                 lineage_items.sort()
                 txn.put_many("lineage", lineage_items)
             if winners:
-                txn.put_many("cells", sorted(winners.items()))
+                txn.put_many("cells", sorted((_cell_key(c), pack_raw(list(w))) for c, w in winners.items()))
         return out, seq, counts, low
 
     def _write_batch(self, prepared: list[Record]) -> list[AddResult]:
@@ -744,8 +846,14 @@ class Archive:
         """The underlying store."""
         return self._store
 
+    def sync(self) -> None:
+        """Flush every add to the disk now (needed only with ``durability="process"``)."""
+        flush = getattr(self._store, "sync", None)
+        if flush is not None and not self._readonly:
+            flush()
+
     def close(self) -> None:
-        """Close the store if this archive opened it."""
+        """Close the store if this archive opened it (flushing it to the disk)."""
         if self._owns:
             self._store.close()
 

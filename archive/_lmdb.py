@@ -14,7 +14,10 @@ Rules it follows (see the LMDB notes in the project's shared notes):
 * every transaction is a ``with`` block; scans read in short chunks so no read
   transaction outlives a call;
 * a truncated ``data.mdb`` is detected *before* any page is touched (touching a page
-  past the end of the file would kill the process with SIGBUS).
+  past the end of the file would kill the process with SIGBUS);
+* durability (see :data:`DURABILITY`): ``"full"`` (the default) flushes every commit to
+  the disk before the commit returns; ``"process"`` leaves the flush to a background
+  thread (every ``sync_interval`` seconds), :meth:`LMDBStore.sync` and the last close.
 """
 
 from __future__ import annotations
@@ -25,18 +28,28 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lmdb
 
 from archive._errors import ArchiveError, CorruptArchiveError, NotAnArchiveError, TransactionConflict
 from archive._store import MAX_KEY_BYTES, Store, Txn, check_items, check_key, prefix_end
 
-__all__ = ["DEFAULT_MAP_SIZE", "LMDBStore"]
+__all__ = ["DEFAULT_MAP_SIZE", "DEFAULT_SYNC_INTERVAL", "DURABILITY", "Durability", "LMDBStore"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAP_SIZE = 1 << 30
+DEFAULT_SYNC_INTERVAL = 1.0
+Durability = Literal["full", "process"]
+DURABILITY: dict[str, str] = {
+    "full": "every commit is on the disk when it returns (LMDB flushes the data, then the commit record): a "
+            "killed process, an operating-system crash or a power cut loses nothing that was committed",
+    "process": "commits reach the operating system at once and the disk within about sync_interval seconds (a "
+               "background thread flushes them; sync() and the last close flush at once): a killed process loses "
+               "nothing, but an operating-system crash or a power cut can lose the commits since the last flush "
+               "and can leave the archive damaged (LMDB's MDB_NOSYNC); for runs that can be repeated",
+}
 _SCAN_CHUNK = 512
 _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.PanicError, lmdb.BadTxnError,
             lmdb.BadValsizeError, lmdb.IncompatibleError)
@@ -45,15 +58,52 @@ _CORRUPT = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb
 class _Shared:
     """One open environment shared by every LMDBStore of a path in this process."""
 
-    def __init__(self, path: str, env: lmdb.Environment, dbs: dict[str, Any], readonly: bool) -> None:
+    def __init__(self, path: str, env: lmdb.Environment, dbs: dict[str, Any], readonly: bool,
+                 durability: Durability = "full") -> None:
         self.path = path
         self.env = env
         self.dbs = dbs  # name -> handle, or None for a missing db in a read-only archive
         self.readonly = readonly
+        self.durability = durability
+        self.dirty = False  # commits not yet flushed ("process" durability)
+        self.flusher: _Flusher | None = None
         self.refs = 0
         self.lock = threading.RLock()
         self.pid = os.getpid()
         self.writer = threading.local()
+
+    def flush(self) -> None:
+        """Flush every commit made so far to the disk (no lock needed: LMDB's sync is an fdatasync)."""
+        self.dirty = False
+        self.env.sync(True)
+
+
+class _Flusher(threading.Thread):
+    """Flushes a ``"process"``-durability environment every ``interval`` seconds while it has new commits.
+
+    The flush (an fdatasync, run without the GIL) overlaps the writer's own work instead of
+    stalling it, which is what makes ``"process"`` faster than a flush per commit.
+    """
+
+    def __init__(self, shared: _Shared, interval: float) -> None:
+        super().__init__(name=f"archive-flush {shared.path}", daemon=True)
+        self._shared = shared
+        self._interval = interval
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self._interval):
+            if self._shared.dirty:
+                try:
+                    self._shared.flush()
+                except Exception as e:  # keep flushing later; close() flushes and reports
+                    self._shared.dirty = True
+                    log.warning("flushing %s failed: %s: %s", self._shared.path, type(e).__name__, e)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        if self is not threading.current_thread():
+            self.join()
 
 
 _REGISTRY: dict[str, _Shared] = {}
@@ -66,7 +116,8 @@ def _corrupt(path: str, e: BaseException) -> CorruptArchiveError:
         "backup, or copy what is readable with `python -m lmdb copy --compact`, or start a new archive")
 
 
-def _open_shared(path: str, *, map_size: int, readonly: bool, create: bool, dbs: tuple[str, ...]) -> _Shared:
+def _open_shared(path: str, *, map_size: int, readonly: bool, create: bool, dbs: tuple[str, ...],
+                 durability: Durability = "full") -> _Shared:
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise NotAnArchiveError(
@@ -90,7 +141,7 @@ def _open_shared(path: str, *, map_size: int, readonly: bool, create: bool, dbs:
     existed = data.exists()
     try:
         env = lmdb.open(str(p), subdir=True, map_size=map_size, max_dbs=len(dbs) + 4, readonly=readonly,
-                        readahead=False, max_spare_txns=0)
+                        readahead=False, max_spare_txns=0, sync=durability == "full")
     except lmdb.Error as e:
         if not lock_existed and existed:
             try:
@@ -118,7 +169,7 @@ def _open_shared(path: str, *, map_size: int, readonly: bool, create: bool, dbs:
     except BaseException:
         env.close()
         raise
-    return _Shared(str(p), env, handles, readonly)
+    return _Shared(str(p), env, handles, readonly, durability)
 
 
 def _begin(env: lmdb.Environment, write: bool = False) -> lmdb.Transaction:
@@ -347,17 +398,31 @@ class LMDBStore(Store):
             The map doubles by itself when it fills.
         readonly: Open without write access (for inspection tools).
         create: Create the directory and sub-databases when missing.
+        durability: ``"full"`` (default): each commit is flushed to the disk before it
+            returns. ``"process"``: commits are flushed later (see :data:`DURABILITY`);
+            a killed process still loses nothing, an operating-system crash may. The
+            stores of one path in one process share one environment and must agree.
+        sync_interval: With ``"process"`` durability, how often (seconds) a background
+            thread flushes new commits to the disk; 0 flushes after every commit, in the
+            committing thread. The first store of a path in a process sets it.
 
     Raises:
         NotAnArchiveError: ``path`` is a file, a directory with other files, or an LMDB
             environment that is not an archive. Nothing is modified.
         CorruptArchiveError: ``data.mdb`` is truncated or not an LMDB file. Nothing is modified.
+        ValueError: An unknown ``durability`` or a negative ``sync_interval``.
+        ArchiveError: The path is already open in this process with another durability.
     """
 
     persistent = True
 
     def __init__(self, path: str | os.PathLike[str], *, map_size: int = DEFAULT_MAP_SIZE, readonly: bool = False,
-                 create: bool = True) -> None:
+                 create: bool = True, durability: Durability = "full",
+                 sync_interval: float = DEFAULT_SYNC_INTERVAL) -> None:
+        if durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {', '.join(map(repr, DURABILITY))}, got {durability!r}")
+        if not sync_interval >= 0:
+            raise ValueError(f"sync_interval must be >= 0 seconds, got {sync_interval!r}")
         real = os.path.realpath(os.fspath(path))
         self.path = Path(real)
         with _REGISTRY_LOCK:
@@ -366,10 +431,19 @@ class LMDBStore(Store):
                 _REGISTRY.pop(real)  # inherited across fork: never touch the parent's environment
                 sh = None
             if sh is None:
-                sh = _open_shared(real, map_size=map_size, readonly=readonly, create=create, dbs=self.DBS)
+                sh = _open_shared(real, map_size=map_size, readonly=readonly, create=create, dbs=self.DBS,
+                                  durability=durability)
+                if durability != "full" and not readonly and sync_interval > 0:
+                    sh.flusher = _Flusher(sh, float(sync_interval))
+                    sh.flusher.start()
                 _REGISTRY[real] = sh
             elif sh.readonly and not readonly:
                 raise ArchiveError(f"{real} is already open read-only in this process; close that first")
+            elif sh.durability != durability and not (readonly or sh.readonly):
+                raise ArchiveError(
+                    f"{real} is already open in this process with durability={sh.durability!r}; the stores of "
+                    f"one path share one environment: open it with durability={sh.durability!r} or close the "
+                    "other first")
             sh.refs += 1
         self._sh: _Shared | None = sh
         self._readonly = readonly
@@ -379,6 +453,11 @@ class LMDBStore(Store):
     @property
     def readonly(self) -> bool:
         return self._readonly
+
+    @property
+    def durability(self) -> Durability:
+        """``"full"`` or ``"process"`` (see :data:`DURABILITY`)."""
+        return self._live().durability
 
     @property
     def map_size(self) -> int:
@@ -482,14 +561,18 @@ class LMDBStore(Store):
                     txn._abort()
                     raise
                 txn._commit()
+                if sh.durability != "full":
+                    sh.dirty = True
+                    if sh.flusher is None:
+                        sh.flush()
             except _CORRUPT as e:
                 raise _corrupt(str(self.path), e) from None
             finally:
                 sh.writer.active = False
 
     def sync(self) -> None:
-        """Flush to disk (commits already do this by default)."""
-        self._live().env.sync(True)
+        """Flush every commit to the disk now (with ``"full"`` durability commits already are)."""
+        self._live().flush()
 
     def disk_bytes(self) -> int:
         """Size of ``data.mdb`` on disk (allocated blocks, not the sparse map size)."""
@@ -506,7 +589,13 @@ class LMDBStore(Store):
                 if _REGISTRY.get(sh.path) is sh:
                     del _REGISTRY[sh.path]
                 if sh.pid == os.getpid():
-                    sh.env.close()
+                    try:
+                        if sh.flusher is not None:
+                            sh.flusher.stop()
+                        if sh.dirty:
+                            sh.flush()
+                    finally:
+                        sh.env.close()
 
     def __del__(self) -> None:
         try:

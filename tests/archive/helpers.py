@@ -1,7 +1,7 @@
 """Shared builders for archive tests, importable from spawned processes.
 
-Run as ``python -m tests.archive.helpers writer PATH SIDEFILE SEED`` to start the
-crash-test writer: it adds records forever and appends each id to SIDEFILE (flushed and
+Run as ``python -m tests.archive.helpers writer PATH SIDEFILE SEED [DURABILITY]`` to start
+the crash-test writer: it adds records forever and appends each id to SIDEFILE (flushed and
 fsynced) only after ``add``/``add_many`` returned.
 """
 
@@ -53,12 +53,12 @@ def check_record(rec: Record) -> None:
     assert hashlib.sha256(rec.genome.source.encode()).hexdigest() == rec.meta["sha"], rec.id
 
 
-def writer(path: str, side: str, seed: int) -> None:  # pragma: no cover - runs in a subprocess
+def writer(path: str, side: str, seed: int, durability: str = "full") -> None:  # pragma: no cover - subprocess
     from archive import Archive
 
     rng = np.random.default_rng(seed)
     problem = make_problem()
-    ar = Archive(problem, path)
+    ar = Archive(problem, path, durability=durability)  # type: ignore[arg-type]
     print("ready", flush=True)
     fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     i = seed * 1_000_000
@@ -82,4 +82,4 @@ def writer(path: str, side: str, seed: int) -> None:  # pragma: no cover - runs 
 
 if __name__ == "__main__":  # pragma: no cover
     if sys.argv[1] == "writer":
-        writer(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        writer(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])

@@ -16,10 +16,10 @@ OWN = 150
 SHARED = 100
 
 
-def _worker(path: str, w: int, map_size: int) -> list[tuple[str, bool, int]]:
+def _worker(path: str, w: int, map_size: int, durability: str) -> list[tuple[str, bool, int]]:
     from archive import Archive
 
-    ar = Archive(make_problem(), path, map_size=map_size)
+    ar = Archive(make_problem(), path, map_size=map_size, durability=durability)  # type: ignore[arg-type]
     rng = np.random.default_rng(w)
     own = [make_record(10_000 * (w + 1) + i, registers=int(rng.integers(256)), variant="ab"[i % 2],
                        fitness=float(rng.random()), size=int(rng.integers(200, 4000)),
@@ -44,15 +44,16 @@ def _worker(path: str, w: int, map_size: int) -> list[tuple[str, bool, int]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("map_size", [1 << 30, 256 << 10], ids=["big-map", "tiny-map-grows"])
-def test_processes_add_concurrently(tmp_path: Path, map_size: int) -> None:
+@pytest.mark.parametrize(("map_size", "durability"), [(1 << 30, "full"), (256 << 10, "full"), (1 << 30, "process")],
+                         ids=["big-map", "tiny-map-grows", "process-durability"])
+def test_processes_add_concurrently(tmp_path: Path, map_size: int, durability: str) -> None:
     from archive import Archive
 
     path = str(tmp_path / "arch")
     Archive(make_problem(), path).close()  # create the header first
     ctx = mp.get_context("spawn")
     with ctx.Pool(N_WORKERS) as pool:
-        results = pool.starmap(_worker, [(path, w, map_size) for w in range(N_WORKERS)])
+        results = pool.starmap(_worker, [(path, w, map_size, durability) for w in range(N_WORKERS)])
     ar = Archive(make_problem(), path)
     records = list(ar.records())
     ids = [r.id for r in records]

@@ -47,7 +47,9 @@ def _verify(path: Path, side: Path, start: int) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_sigkill_writer_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("durability", ["full", "process"])
+def test_sigkill_writer_loses_nothing(tmp_path: Path, durability: str) -> None:
+    """Both durabilities keep every reported add across SIGKILL ("process" leaves the flush to the OS)."""
     rng = np.random.default_rng(1234)
     path, side = tmp_path / "arch", tmp_path / "reported.txt"
     side.touch()
@@ -55,7 +57,8 @@ def test_sigkill_writer_loses_nothing(tmp_path: Path) -> None:
     grew = []
     for k in range(KILLS):
         proc = subprocess.Popen([sys.executable, "-m", "tests.archive.helpers", "writer", str(path), str(side),
-                                 str(k + 1)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                 str(k + 1), durability], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
         try:
             line = proc.stdout.readline()  # type: ignore[union-attr]
             assert line.strip() == b"ready", (line, proc.stderr.read())  # type: ignore[union-attr]
