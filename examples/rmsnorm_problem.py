@@ -27,6 +27,7 @@ from evo.types import DTYPE_BYTES, ArgSpec, Case, DeviceInfo, Genome, Launch, Pr
 from fitness import random_normal
 
 __all__ = [
+    "BLOCK_SMEM_OPTIN",
     "BWD_ENTRY",
     "CHECK_SHAPES",
     "DTYPE_CODES",
@@ -50,6 +51,8 @@ __all__ = [
     "fwd_signature",
     "make_backward_problem",
     "make_forward_problem",
+    "pipe_rows",
+    "pipe_slice_bytes",
     "rmsnorm_numpy",
 ]
 
@@ -201,26 +204,62 @@ def _elems_per_vec(params: Mapping[str, Any], dtype: str) -> int:
 def fwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mapping[str, Any] | None = None) -> Launch:
     """Grid of row groups (times CLUSTER CTAs each), THREADS per CTA, staging shared memory.
 
-    Non-persistent: one group per ``THREADS // TPR`` rows. Persistent (``PERSISTENT = k``):
-    ``k * SM count`` CTAs at most; the kernel strides over the rows either way. STAGE 1 asks
-    for the row chunks in dynamic shared memory when they fit :data:`SMEM_CAP`, else for
-    none (the kernel then re-reads global memory).
+    Non-persistent: one group per ``THREADS // TPR`` rows (STAGE 3: per tile of rows).
+    Persistent (``PERSISTENT = k``): ``k * SM count`` CTAs at most; the kernel strides over
+    the rows either way. STAGE 1 asks for the row chunks in dynamic shared memory when they
+    fit :data:`SMEM_CAP`, else for none (the kernel then re-reads global memory). STAGE 3
+    asks for ``PIPE`` buffers of ``rows`` row slices, ``rows`` the most (up to TILE_ROWS)
+    that let ``max(k, 1)`` CTAs share an SM's shared memory; when not even one row fits, or
+    the rows are not 16-byte multiples, it asks for none and the kernel falls back to STAGE 2.
     """
     m, n = case["M"], case["N"]
     threads, tpr, cluster = _p(params, "THREADS"), _p(params, "TPR"), _p(params, "CLUSTER")
+    stage, k = _p(params, "STAGE"), _p(params, "PERSISTENT")
     rpc = threads // tpr
     groups = -(-m // rpc)
-    k = _p(params, "PERSISTENT")
-    if k > 0:
-        groups = min(groups, max(1, k * _sm_count(device) // cluster))
     shared = 0
-    if _p(params, "STAGE") == 1:
+    if stage == 1:
         e = _elems_per_vec(params, case.dtype)
         vecs = _cdiv(_cdiv(n, e), cluster)  # vectors per CTA per row (upper bound)
         need = rpc * vecs * _p(params, "VEC_BYTES")
         shared = need if need <= SMEM_CAP else 0
+    elif stage == 3:
+        rows = pipe_rows(params, case)
+        if rows:
+            shared = _p(params, "PIPE") * rows * pipe_slice_bytes(params, case)
+            groups = -(-m // rows)
+    if k > 0:
+        groups = min(groups, max(1, k * _sm_count(device) // cluster))
     return Launch(grid=(groups * cluster, 1, 1), block=(threads, 1, 1), shared_mem=shared,
                   cluster=(cluster, 1, 1) if cluster > 1 else None)
+
+
+SM_SMEM = 228 * 1024
+"""Shared memory per SM on Hopper (bytes)."""
+BLOCK_SMEM_OPTIN = 227 * 1024
+"""Largest dynamic shared memory one CTA may opt in to on Hopper (bytes)."""
+
+
+def pipe_slice_bytes(params: Mapping[str, Any], case: Case) -> int:
+    """STAGE 3: bytes of one row that one CTA of the cluster holds (whole 16-byte chunks)."""
+    row = case["N"] * DTYPE_BYTES[case.dtype]
+    return _cdiv(row // 16, _p(params, "CLUSTER")) * 16
+
+
+def pipe_rows(params: Mapping[str, Any], case: Case) -> int:
+    """STAGE 3: rows per tile the launch provides for (0: the kernel falls back to STAGE 2).
+
+    At most TILE_ROWS, and no more than lets ``max(PERSISTENT, 1)`` CTAs of ``PIPE``
+    buffers each fit one SM's shared memory (1 KB per CTA is the system's, 2 KB is left
+    for the kernel's static arrays).
+    """
+    row = case["N"] * DTYPE_BYTES[case.dtype]
+    if row % 16:
+        return 0
+    slice_b = pipe_slice_bytes(params, case)
+    per_cta = min(BLOCK_SMEM_OPTIN, SM_SMEM // max(_p(params, "PERSISTENT"), 1) - 3 * 1024)
+    rows = per_cta // (_p(params, "PIPE") * slice_b) if slice_b else 0
+    return max(0, min(rows, _p(params, "TILE_ROWS"), case["M"]))
 
 
 def fwd_bytes_moved(case: Case) -> int:
@@ -247,6 +286,10 @@ def _c_reg_tile(p: Mapping[str, Any]) -> bool:
     return int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) * int(p["THREADS"]) <= budget
 
 
+def _c_pipe_registers(p: Mapping[str, Any]) -> bool:
+    return int(p["STAGE"]) != 3 or int(p["PERSISTENT"]) * int(p["THREADS"]) <= 1024
+
+
 def forward_param_space() -> ParamSpace:
     """The forward kernel's knobs and the rules a valid assignment follows."""
     return ParamSpace(
@@ -256,11 +299,13 @@ def forward_param_space() -> ParamSpace:
             "VEC_BYTES": Choice([4, 8, 16]),
             "LOAD_HINT": Choice([0, 1, 2, 3]),
             "STORE_HINT": Choice([0, 1, 2]),
-            "STAGE": Choice([0, 1, 2]),
+            "STAGE": Choice([0, 1, 2, 3]),
             "MAX_VECS": Choice([1, 2, 4, 8, 16]),
             "CLUSTER": Choice([1, 2, 4, 8, 16]),
             "PERSISTENT": Choice([0, 1, 2, 4, 8]),
             "RSQRT_APPROX": Choice([0, 1]),
+            "PIPE": Choice([1, 2, 3, 4]),
+            "TILE_ROWS": Choice([1, 2, 4, 8, 16, 32, 64]),
         },
         constraints=(
             Constraint("TPR (threads per row) divides THREADS", _c_tpr_divides),
@@ -268,28 +313,38 @@ def forward_param_space() -> ParamSpace:
             Constraint(f"MAX_VECS * VEC_BYTES * THREADS <= {REG_TILE_BYTES} ({REG_TILE_BYTES // 2} at 1024 threads, "
                        "and at 512 threads with a cluster and STAGE 0): register tile without spills",
                        _c_reg_tile),
+            Constraint("STAGE 3: PERSISTENT * THREADS <= 1024 (the CTAs of an SM share its registers; at 2048 "
+                       "threads ptxas has 32 per thread and spills)", _c_pipe_registers),
         ),
     )
 
 
 FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
-    # many short rows: a warp per row, four rows per CTA, register tile of 4 x 16 B
+    # many short rows, no staging: a warp per row, four rows per CTA, register tile of 4 x 16 B
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 0, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1},
-    # long rows: one row per CTA, shared-memory staging, a cluster of 4 CTAs per row
-    {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 1, "MAX_VECS": 4,
-     "CLUSTER": 4, "PERSISTENT": 0, "RSQRT_APPROX": 1},
-    # mid rows (8K bf16 in registers): one row per CTA of 256 threads, 4 x 16 B per thread
-    {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1},
-    # very long rows kept in registers across a cluster: 8 CTAs x 256 threads x 4 x 16 B = 128 KB per row
-    {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 4,
-     "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1},
-    # the longest rows: 16 CTAs (non-portable cluster) x 1024 threads x 16 B = 256 KB per row in registers
-    {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
-     "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8},
+    # STAGE 3 (bulk copies into shared memory), short rows: a warp per row, tiles of 8 rows
+    {"THREADS": 256, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8},
+    # STAGE 3, the shortest rows: half a warp per row, one buffer, L2 evict-first loads
+    {"THREADS": 128, "TPR": 16, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 8},
+    # STAGE 3, 2K-4K rows: a CTA of 128 threads per row, tiles of 2 rows, many CTAs per SM
+    {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2},
+    # STAGE 3, 8K rows: a CTA of 256 threads per row
+    {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2},
+    # STAGE 3, 16K-32K rows: a CTA of 512 threads per row
+    {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2},
+    # STAGE 3, long rows: each CTA of a 2-CTA cluster holds half a row, two CTAs per SM
+    {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 2, "PERSISTENT": 2, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2},
 )
-"""Starting points, one per row-length regime (the engine searches from all of them)."""
+"""Starting points, one per row-length regime (the engine searches from all of them). The
+STAGE 3 ones come from the design-space sweep ``benchmarks/rmsnorm_sweep.py`` on the H200
+(``benchmarks/results/rmsnorm_sweep-2026-12-02.md``): the best variant per regime."""
 
 
 def forward_source() -> str:
@@ -338,7 +393,7 @@ def make_forward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtype
         objective="geomean_fraction",
         descriptors=(
             CategoricalAxis("CLUSTER", [1, 2, 4, 8, 16], source="params"),
-            CategoricalAxis("STAGE", [0, 1, 2], source="params"),
+            CategoricalAxis("STAGE", [0, 1, 2, 3], source="params"),
             NumericAxis("registers", 0, 256, 8, source="resources"),
         ),
         seeds=seeds,

@@ -260,6 +260,8 @@ class KernelHandle:
         registers: Registers per thread.
         local_bytes: Local (stack/spill) memory per thread.
         cluster: Cluster shape compiled into the kernel (``__cluster_dims__``) or ``None``.
+        dyn_shared_set: The dynamic shared memory limit set on the function so far (0: the
+            default, 48 KB less the static shared memory).
     """
 
     function: Any
@@ -269,7 +271,7 @@ class KernelHandle:
     registers: int = 0
     local_bytes: int = 0
     cluster: tuple[int, int, int] | None = None
-    dyn_shared_set: int = 48 * 1024
+    dyn_shared_set: int = 0
     module: Any = None
 
 
@@ -322,6 +324,22 @@ class Backend:
 
     def release(self) -> None:
         """Return cached device memory (between evaluations)."""
+
+
+DEFAULT_BLOCK_SHARED = 48 * 1024
+"""Static plus dynamic shared memory a CTA may use without the opt-in attribute (bytes)."""
+
+
+def needs_dyn_shared_optin(kernel: KernelHandle, launch: Launch) -> bool:
+    """True when ``launch`` needs a higher dynamic shared memory limit than ``kernel`` has.
+
+    Without the attribute, a CTA may use 48 KB of shared memory in all, static included, so
+    48 KB of dynamic memory on a kernel with any static array already needs it.
+    """
+    need = int(launch.shared_mem)
+    if need <= kernel.dyn_shared_set:
+        return False
+    return kernel.static_shared + need > DEFAULT_BLOCK_SHARED
 
 
 def validate_launch(kernel: KernelHandle, launch: Launch, device: DeviceInfo) -> None:
@@ -506,6 +524,12 @@ class CupyBackend(Backend):
         except Exception:  # noqa: BLE001
             return False
 
+    def _allow_dyn_shared(self, kernel: KernelHandle, launch: Launch) -> None:
+        """Raise the function's dynamic shared memory limit when the launch needs more."""
+        if needs_dyn_shared_optin(kernel, launch):
+            self.cupy.cuda.driver.funcSetAttribute(kernel.function.ptr, _ATTR_MAX_DYN_SHARED, int(launch.shared_mem))
+            kernel.dyn_shared_set = int(launch.shared_mem)
+
     def launch(self, kernel: KernelHandle, launch: Launch, args: Sequence[Any], device: DeviceInfo) -> None:
         """Launch asynchronously on the current stream (no synchronise).
 
@@ -516,9 +540,7 @@ class CupyBackend(Backend):
         validate_launch(kernel, launch, device)
         fn = kernel.function
         try:
-            if launch.shared_mem > 48 * 1024 and kernel.dyn_shared_set < launch.shared_mem:
-                self.cupy.cuda.driver.funcSetAttribute(fn.ptr, _ATTR_MAX_DYN_SHARED, int(launch.shared_mem))
-                kernel.dyn_shared_set = int(launch.shared_mem)
+            self._allow_dyn_shared(kernel, launch)
             fn(launch.grid, launch.block, tuple(args), shared_mem=int(launch.shared_mem), stream=self.stream)
         except Exception as exc:  # noqa: BLE001
             raise self._translate(exc, f"launching {kernel.name!r} grid={launch.grid} block={launch.block} "
@@ -535,9 +557,7 @@ class CupyBackend(Backend):
         if not arg_lists or not hasattr(self.stream, "begin_capture"):
             return None
         fn = kernel.function
-        if launch.shared_mem > 48 * 1024 and kernel.dyn_shared_set < launch.shared_mem:
-            self.cupy.cuda.driver.funcSetAttribute(fn.ptr, _ATTR_MAX_DYN_SHARED, int(launch.shared_mem))
-            kernel.dyn_shared_set = int(launch.shared_mem)
+        self._allow_dyn_shared(kernel, launch)
         self.synchronize()
         graph = None
         try:

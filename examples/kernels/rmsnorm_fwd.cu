@@ -13,8 +13,17 @@
 //   STORE_HINT   y stores: 0 default, 1 st.global.cs, 2 st.global.cg
 //   STAGE        0 row chunk kept in registers (tile of MAX_VECS vectors per thread),
 //                1 row chunk staged in dynamic shared memory, 2 second pass re-reads global
-//                memory. A chunk that does not fit the chosen stage falls back to re-reading.
-//   MAX_VECS     register tile bound (STAGE 0) or loads issued per batch (STAGE 1 and 2)
+//                memory, 3 bulk-copy pipeline: each CTA (or cluster) walks tiles of rows;
+//                cp.async.bulk (TMA) copies the next PIPE tiles into shared memory while the
+//                current one is normalised (see PIPE, TILE_ROWS). A chunk that does not fit
+//                the chosen stage falls back to re-reading; STAGE 3 needs 16-byte aligned
+//                x, y and rows (N * elem % 16 == 0) and falls back to STAGE 2 otherwise.
+//   MAX_VECS     register tile bound (STAGE 0) or loads issued per batch (STAGE 1, 2, 3;
+//                STAGE 3 without a cluster keeps the batch for the store when the row
+//                slice fits one batch)
+//   PIPE         STAGE 3: shared-memory buffers in the pipeline (tiles in flight + 1)
+//   TILE_ROWS    STAGE 3: rows per tile, upper bound (the launch's dynamic shared memory
+//                sets the actual count: dyn / (PIPE * row slice bytes))
 //   CLUSTER      CTAs per thread-block cluster sharing one row (1 = no cluster); partial sums
 //                are combined through distributed shared memory (mapa + ld.shared::cluster)
 //   PERSISTENT   launch-only knob (grid = k * SM count); the kernel always strides over rows
@@ -52,6 +61,12 @@
 #ifndef RSQRT_APPROX
 #define RSQRT_APPROX 1
 #endif
+#ifndef PIPE
+#define PIPE 3
+#endif
+#ifndef TILE_ROWS
+#define TILE_ROWS 8
+#endif
 
 #if THREADS % 32 != 0 || THREADS < 32 || THREADS > 1024
 #error "THREADS must be a multiple of 32 in [32, 1024]"
@@ -70,6 +85,29 @@
 #endif
 #if MAX_VECS < 1
 #error "MAX_VECS must be >= 1"
+#endif
+#if STAGE < 0 || STAGE > 3
+#error "STAGE must be 0..3"
+#endif
+#if PIPE < 1 || PIPE > 8
+#error "PIPE must be in [1, 8]"
+#endif
+#if TILE_ROWS < 1 || TILE_ROWS > 256
+#error "TILE_ROWS must be in [1, 256]"
+#endif
+
+// STAGE 3: a persistent grid's PERSISTENT CTAs must fit one SM together, so ptxas keeps
+// registers within 65536 / (PERSISTENT * THREADS); a non-persistent grid asks for 1024
+// threads' worth of CTAs per SM (64 registers), so several tiles are in flight per SM.
+#ifndef PERSISTENT
+#define PERSISTENT 0
+#endif
+#if STAGE == 3 && PERSISTENT > 1 && PERSISTENT * THREADS <= 2048
+#define MIN_BLOCKS PERSISTENT
+#elif STAGE == 3 && PERSISTENT == 0 && THREADS < 1024
+#define MIN_BLOCKS (1024 / THREADS)
+#else
+#define MIN_BLOCKS 1
 #endif
 
 #define RPC (THREADS / TPR)
@@ -263,7 +301,7 @@ __device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float 
 
 // ----------------------------------------------------------------------------- body
 
-template <int DT>
+template <int DT, int STG, int MV = MAX_VECS>
 __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const float* __restrict__ w,
                                              void* __restrict__ y, int M, int N, float eps, float* red,
                                              float* clp, Vec* dstage) {
@@ -316,31 +354,31 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
         int nv_cta = nvec - v0;
         nv_cta = nv_cta < 0 ? 0 : (nv_cta > vpc ? vpc : nv_cta);
         const int nmine = t < nv_cta ? (nv_cta - 1 - t) / TPR + 1 : 0;
-        const bool in_regs = STAGE == 0 && nv_cta <= TPR * MAX_VECS;
-        const bool in_smem = STAGE == 1 && nv_cta <= smem_cap;
+        const bool in_regs = STG == 0 && nv_cta <= TPR * MV;
+        const bool in_smem = STG == 1 && nv_cta <= smem_cap;
         const char* xv = xr + static_cast<long long>(head + (v0 + t) * E) * ESZ;  // this thread's first vector
         char* yv = yr + static_cast<long long>(head + (v0 + t) * E) * ESZ;
         const float* wv = w + head + (v0 + t) * E;
         const long long vstride = static_cast<long long>(TPR) * E;  // elements between a thread's vectors
 
         float acc = 0.f;
-        Vec regs[MAX_VECS];
+        Vec regs[MV];
         if (valid) {
             if (in_regs) {
 #pragma unroll
-                for (int k = 0; k < MAX_VECS; ++k)
+                for (int k = 0; k < MV; ++k)
                     if (k < nmine) ld_vec(regs[k], xv + k * vstride * ESZ, pol);
 #pragma unroll
-                for (int k = 0; k < MAX_VECS; ++k)
+                for (int k = 0; k < MV; ++k)
                     if (k < nmine) acc += sumsq<DT>(regs[k]);
             } else {
-                for (int k0 = 0; k0 < nmine; k0 += MAX_VECS) {
-                    Vec b[MAX_VECS];
+                for (int k0 = 0; k0 < nmine; k0 += MV) {
+                    Vec b[MV];
 #pragma unroll
-                    for (int kk = 0; kk < MAX_VECS; ++kk)
+                    for (int kk = 0; kk < MV; ++kk)
                         if (k0 + kk < nmine) ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, pol);
 #pragma unroll
-                    for (int kk = 0; kk < MAX_VECS; ++kk) {
+                    for (int kk = 0; kk < MV; ++kk) {
                         if (k0 + kk < nmine) {
                             acc += sumsq<DT>(b[kk]);
                             if (in_smem) stage[(k0 + kk) * TPR + t] = b[kk];
@@ -391,13 +429,13 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
         if (valid) {
             if (in_regs) {
 #pragma unroll
-                for (int k = 0; k < MAX_VECS; ++k)
+                for (int k = 0; k < MV; ++k)
                     if (k < nmine) norm_store<DT>(regs[k], wv + k * vstride, rstd, yv + k * vstride * ESZ);
             } else {
-                for (int k0 = 0; k0 < nmine; k0 += MAX_VECS) {
-                    Vec b[MAX_VECS];
+                for (int k0 = 0; k0 < nmine; k0 += MV) {
+                    Vec b[MV];
 #pragma unroll
-                    for (int kk = 0; kk < MAX_VECS; ++kk) {
+                    for (int kk = 0; kk < MV; ++kk) {
                         if (k0 + kk < nmine) {
                             if (in_smem)
                                 b[kk] = stage[(k0 + kk) * TPR + t];
@@ -406,7 +444,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
                         }
                     }
 #pragma unroll
-                    for (int kk = 0; kk < MAX_VECS; ++kk)
+                    for (int kk = 0; kk < MV; ++kk)
                         if (k0 + kk < nmine)
                             norm_store<DT>(b[kk], wv + (k0 + kk) * vstride, rstd, yv + (k0 + kk) * vstride * ESZ);
                 }
@@ -423,23 +461,255 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
 #endif
 }
 
+// ----------------------------------------------------------------------------- STAGE 3 pipeline
+
+#if STAGE == 3
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+// One arrival that also expects `bytes` of asynchronous copies to complete on the barrier.
+__device__ __forceinline__ void mbar_arrive_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\t"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+
+// Asynchronous global -> shared copy of `bytes` (multiple of 16, 16-byte aligned ends).
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar,
+                                          unsigned long long pol) {
+#if LOAD_HINT == 3
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+        : "memory");
+#else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+#endif
+}
+
+// Thread 0: expect tile `tile`'s bytes on barrier `s` and start its copies into buffer `s`.
+__device__ __forceinline__ void issue_tile(const char* xs, long long tile, int s, int M, int rows_pt, long long row_bytes,
+                                        unsigned my_bytes, unsigned slice, unsigned tile_bytes, unsigned buf0,
+                                        unsigned bar0, unsigned long long pol) {
+    const long long row0 = tile * rows_pt;
+    const int nrows = M - row0 < rows_pt ? static_cast<int>(M - row0) : rows_pt;
+    const unsigned bar = bar0 + 8 * s;
+    mbar_arrive_tx(bar, static_cast<unsigned>(nrows) * my_bytes);
+    if (my_bytes == 0) return;
+    const char* src = xs + row0 * row_bytes;
+    const unsigned dst = buf0 + static_cast<unsigned>(s) * tile_bytes;
+    if (CLUSTER == 1) {
+        bulk_load(dst, src, static_cast<unsigned>(nrows) * my_bytes, bar, pol);  // the rows are contiguous
+    } else {
+        for (int i = 0; i < nrows; ++i) bulk_load(dst + i * slice, src + i * row_bytes, my_bytes, bar, pol);
+    }
+}
+
+// Rows are cut into tiles of `rows_pt` rows; with a cluster, each CTA owns one column slice
+// of every row (whole 16-byte chunks). Group g of `groups` (a CTA, or a cluster) takes tiles
+// g, g + groups, ...; PIPE tiles are copied ahead into shared memory by thread 0.
+template <int DT>
+__device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const float* __restrict__ w,
+                                             void* __restrict__ y, int M, int N, float eps, float* red,
+                                             float* clp, float* rowsum, unsigned long long* mbar,
+                                             unsigned char* buf) {
+    constexpr int ESZ = ES<DT>::value;
+    constexpr int E = VEC_BYTES / ESZ;
+    const int tid = threadIdx.x;
+    const int r = tid / TPR;
+    const int t = tid % TPR;
+#if CLUSTER > 1
+    unsigned rank;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+#else
+    const unsigned rank = 0;
+#endif
+    unsigned dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    const long long row_bytes = static_cast<long long>(N) * ESZ;
+    const float inv_n = __frcp_rn(static_cast<float>(N));
+    const int chunks = static_cast<int>(row_bytes / 16);          // 16-byte chunks per row
+    const int cpc = (chunks + CLUSTER - 1) / CLUSTER;             // chunks per CTA slice
+    const unsigned slice = static_cast<unsigned>(cpc) * 16u;      // shared-memory row stride
+    int rows_pt = slice ? static_cast<int>(dyn / (PIPE * slice)) : 0;
+    rows_pt = rows_pt > TILE_ROWS ? TILE_ROWS : rows_pt;
+    const bool aligned = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) & 15) == 0;
+    if (!aligned || row_bytes % 16 != 0 || rows_pt < 1) {  // uniform over the grid
+        rmsnorm_rows<DT, 2, 1>(x, w, y, M, N, eps, red, clp, reinterpret_cast<Vec*>(buf));  // lean: one load per batch
+        return;
+    }
+    const int c0 = static_cast<int>(rank) * cpc;
+    int mine = chunks - c0;
+    mine = mine < 0 ? 0 : (mine > cpc ? cpc : mine);
+    const unsigned my_bytes = static_cast<unsigned>(mine) * 16u;  // this CTA's bytes per row
+    const int nv = static_cast<int>(my_bytes / VEC_BYTES);        // vectors per row slice
+    const int nmine = t < nv ? (nv - 1 - t) / TPR + 1 : 0;        // of them, this thread's
+    const long long tiles = (M + rows_pt - 1) / rows_pt;
+    const long long groups = gridDim.x / CLUSTER;
+    const long long g = blockIdx.x / CLUSTER;
+    const unsigned buf0 = smem_addr(buf);
+    const unsigned bar0 = smem_addr(mbar);
+    const unsigned tile_bytes = static_cast<unsigned>(rows_pt) * slice;
+    const char* xs = static_cast<const char*>(x) + c0 * 16;
+    char* ys = static_cast<char*>(y) + c0 * 16;
+    const float* ws = w + (c0 * 16) / ESZ;
+
+    unsigned long long pol = 0;
+#if LOAD_HINT == 3
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < PIPE; ++s) mbar_init(bar0 + 8 * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (tid == 0) {
+        for (int s = 0; s < PIPE; ++s)
+            if (g + s * groups < tiles) issue_tile(xs, g + s * groups, s, M, rows_pt, row_bytes, my_bytes, slice, tile_bytes, buf0, bar0, pol);
+    }
+
+    int rc = 0;  // reductions through `red` so far (double-buffered)
+    int it = 0;
+    for (long long tile = g; tile < tiles; tile += groups, ++it) {
+        const int s = it % PIPE;
+        mbar_wait(bar0 + 8 * s, static_cast<unsigned>(it / PIPE) & 1u);
+        const long long row0 = tile * rows_pt;
+        const int nrows = M - row0 < rows_pt ? static_cast<int>(M - row0) : rows_pt;
+        const unsigned char* tb = buf + static_cast<unsigned>(s) * tile_bytes;
+
+        for (int base = 0; base < nrows; base += RPC) {  // the same trip count in every thread
+            const int rr = base + r;
+            const bool valid = rr < nrows;
+            const Vec* sv = reinterpret_cast<const Vec*>(tb + (valid ? rr : 0) * slice);
+            float acc = 0.f;
+            Vec b[MAX_VECS];
+            if (valid) {
+                for (int k0 = 0; k0 < nmine; k0 += MAX_VECS) {
+#pragma unroll
+                    for (int kk = 0; kk < MAX_VECS; ++kk)
+                        if (k0 + kk < nmine) b[kk] = sv[(k0 + kk) * TPR + t];
+#pragma unroll
+                    for (int kk = 0; kk < MAX_VECS; ++kk)
+                        if (k0 + kk < nmine) acc += sumsq<DT>(b[kk]);
+                }
+            }
+#pragma unroll
+            for (int off = (TPR < 32 ? TPR : 32) / 2; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
+#if TPR > 32
+            {
+                constexpr int WPR = TPR / 32;
+                float* rb = red + (rc & 1) * WARPS;
+                if ((tid & 31) == 0) rb[tid / 32] = acc;
+                __syncthreads();
+                acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < WPR; ++i) acc += rb[r * WPR + i];
+                ++rc;
+            }
+#endif
+#if CLUSTER == 1
+            const float ms = fmaf(acc, inv_n, eps);
+            float rstd;
+#if RSQRT_APPROX
+            asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rstd) : "f"(ms));
+#else
+            rstd = 1.0f / sqrtf(ms);
+#endif
+            if (valid) {
+                char* yr = ys + (row0 + rr) * row_bytes;
+                if (nmine <= MAX_VECS) {  // the slice is still in registers
+#pragma unroll
+                    for (int kk = 0; kk < MAX_VECS; ++kk)
+                        if (kk < nmine)
+                            norm_store<DT>(b[kk], ws + (kk * TPR + t) * E, rstd, yr + (kk * TPR + t) * VEC_BYTES);
+                } else {
+                    for (int k = 0; k < nmine; ++k)
+                        norm_store<DT>(sv[k * TPR + t], ws + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+                }
+            }
+#else
+            if (tid == 0 && valid) rowsum[(it & 1) * TILE_ROWS + rr] = acc;
+#endif
+        }
+#if CLUSTER > 1
+        cluster_sync_all();  // every CTA's partial sums of this tile are visible in the cluster
+        for (int rr = 0; rr < nrows; ++rr) {  // TPR == THREADS: the whole CTA on one row
+            const int lane = tid & 31;
+            float acc = lane < CLUSTER ? ld_peer(rowsum + (it & 1) * TILE_ROWS + rr, static_cast<unsigned>(lane)) : 0.f;
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
+            const float ms = fmaf(acc, inv_n, eps);
+            float rstd;
+#if RSQRT_APPROX
+            asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rstd) : "f"(ms));
+#else
+            rstd = 1.0f / sqrtf(ms);
+#endif
+            const Vec* sv = reinterpret_cast<const Vec*>(tb + rr * slice);
+            char* yr = ys + (row0 + rr) * row_bytes;
+            for (int k = 0; k < nmine; ++k)
+                norm_store<DT>(sv[k * TPR + t], ws + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+        }
+#endif
+        __syncthreads();  // buffer s is read: refill it
+        if (tid == 0 && tile + PIPE * groups < tiles) issue_tile(xs, tile + PIPE * groups, s, M, rows_pt, row_bytes, my_bytes, slice, tile_bytes, buf0,
+                       bar0, pol);
+    }
+#if CLUSTER > 1
+    cluster_sync_all();  // no CTA leaves while a peer may still read its shared memory
+#endif
+}
+#endif
+
 #if CLUSTER > 1
 #define KDIMS __cluster_dims__(CLUSTER, 1, 1)
 #else
 #define KDIMS
 #endif
 
-extern "C" __global__ void KDIMS __launch_bounds__(THREADS)
+extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
     rmsnorm_fwd(const void* __restrict__ x, const float* __restrict__ w, void* __restrict__ y, int M, int N,
                 float eps, int dtype_code) {
     __shared__ float red[2 * WARPS];
     __shared__ float clp[2];
-    extern __shared__ __align__(16) unsigned char dsmem[];
+    extern __shared__ __align__(128) unsigned char dsmem[];
+#if STAGE == 3
+    __shared__ float rowsum[2 * TILE_ROWS];
+    __shared__ __align__(8) unsigned long long mbar[PIPE];
+    if (dtype_code == 0)
+        rmsnorm_pipe<0>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
+    else if (dtype_code == 1)
+        rmsnorm_pipe<1>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
+    else
+        rmsnorm_pipe<2>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
+#else
     Vec* dstage = reinterpret_cast<Vec*>(dsmem);
     if (dtype_code == 0)
-        rmsnorm_rows<0>(x, w, y, M, N, eps, red, clp, dstage);
+        rmsnorm_rows<0, STAGE>(x, w, y, M, N, eps, red, clp, dstage);
     else if (dtype_code == 1)
-        rmsnorm_rows<1>(x, w, y, M, N, eps, red, clp, dstage);
+        rmsnorm_rows<1, STAGE>(x, w, y, M, N, eps, red, clp, dstage);
     else
-        rmsnorm_rows<2>(x, w, y, M, N, eps, red, clp, dstage);
+        rmsnorm_rows<2, STAGE>(x, w, y, M, N, eps, red, clp, dstage);
+#endif
 }

@@ -90,3 +90,84 @@ def test_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -> None:
         assert (writes == 1).all(), f"shape {m}x{n}: columns written {np.unique(writes)} times"
         np.testing.assert_allclose(y, rmsnorm_numpy(x, w), rtol=1e-12, atol=1e-12)
 
+
+
+def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_off: int = 0,
+                 eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+    """STAGE 3: the bulk copies into shared memory (byte offsets), then the reads from it."""
+    m, n = x.shape
+    vb, tpr, threads, cluster, pipe = p["VEC_BYTES"], p["TPR"], p["THREADS"], p["CLUSTER"], p["PIPE"]
+    case = Case({"M": m, "N": n}, {4: "float32", 2: "bfloat16"}[esz])
+    launch = fwd_launch(p, case, None)
+    row_bytes = n * esz
+    chunks = row_bytes // 16
+    cpc = -(-chunks // cluster)
+    slice_b = cpc * 16
+    rows_pt = min(launch.shared_mem // (pipe * slice_b), p["TILE_ROWS"]) if slice_b else 0
+    if (x_off | y_off) % 16 or row_bytes % 16 or rows_pt < 1:
+        return emulate(x, w, dict(p, STAGE=2), esz, x_off, y_off, eps)  # the kernel's fallback
+    assert launch.shared_mem >= pipe * rows_pt * slice_b
+    flat = x.reshape(-1)  # element i lies at byte i * esz of the buffer
+    tiles = -(-m // rows_pt)
+    groups = launch.grid[0] // cluster
+    y = np.full((m, n), np.nan)
+    writes = np.zeros((m, n), dtype=int)
+    for g in range(groups):
+        for it, tile in enumerate(range(g, tiles, groups)):
+            s = it % pipe
+            row0 = tile * rows_pt
+            nrows = min(rows_pt, m - row0)
+            sums = np.zeros(nrows)
+            slices = {}
+            for rank in range(cluster):
+                c0 = rank * cpc
+                mine = min(max(chunks - c0, 0), cpc)
+                smem = np.full(pipe * rows_pt * slice_b // esz, np.nan)
+                base = s * rows_pt * slice_b
+                copies = ([(row0 * row_bytes + c0 * 16, base, nrows * mine * 16)] if cluster == 1 else
+                          [((row0 + i) * row_bytes + c0 * 16, base + i * slice_b, mine * 16) for i in range(nrows)])
+                for src, dst, nbytes in copies:
+                    assert src % 16 == 0 and dst % 16 == 0 and nbytes % 16 == 0 and dst + nbytes <= len(smem) * esz
+                    smem[dst // esz:(dst + nbytes) // esz] = flat[src // esz:(src + nbytes) // esz]
+                nv = mine * 16 // vb
+                e = vb // esz
+                for rr in range(nrows):
+                    vals, cols = [], []
+                    for t in range(tpr):
+                        nmine = (nv - 1 - t) // tpr + 1 if t < nv else 0
+                        for k in range(nmine):
+                            off = (base + rr * slice_b + (k * tpr + t) * vb) // esz
+                            vals.extend(smem[off:off + e])
+                            c = c0 * 16 // esz + (k * tpr + t) * e
+                            cols.extend(range(c, c + e))
+                    slices[(rank, rr)] = (np.array(vals), np.array(cols, dtype=int))
+                    sums[rr] += (np.array(vals) ** 2).sum()
+            for (_rank, rr), (vals, cols) in slices.items():
+                rstd = 1.0 / np.sqrt(sums[rr] / n + eps)
+                y[row0 + rr, cols] = vals * rstd * w[cols]
+                np.add.at(writes[row0 + rr], cols, 1)
+    assert threads % tpr == 0
+    return y, writes
+
+
+PIPE_CONFIGS = [
+    {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "CLUSTER": 1, "PERSISTENT": 4, "STAGE": 3, "PIPE": 3, "TILE_ROWS": 4},
+    {"THREADS": 64, "TPR": 8, "VEC_BYTES": 8, "CLUSTER": 1, "PERSISTENT": 0, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 16},
+    {"THREADS": 64, "TPR": 64, "VEC_BYTES": 16, "CLUSTER": 4, "PERSISTENT": 1, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 2},
+    {"THREADS": 32, "TPR": 32, "VEC_BYTES": 4, "CLUSTER": 16, "PERSISTENT": 2, "STAGE": 3, "PIPE": 4, "TILE_ROWS": 1},
+]
+PIPE_SHAPES = [(1, 8), (3, 16), (5, 40), (9, 256), (2, 1000), (4, 1032), (7, 24)]
+
+
+@pytest.mark.parametrize("p", PIPE_CONFIGS, ids=lambda p: "-".join(f"{v}" for v in p.values()))
+@pytest.mark.parametrize("esz", [2, 4])
+@pytest.mark.parametrize("offs", [(0, 0), (16, 48), (4, 4)])
+def test_pipeline_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -> None:
+    """STAGE 3 (and its fallback for unaligned rows or buffers): each element once, right value."""
+    rng = np.random.default_rng(1)
+    for m, n in PIPE_SHAPES:
+        x = rng.standard_normal((m, n))
+        w = rng.standard_normal(n)
+        y, writes = emulate_pipe(x, w, p, esz, *offs)
+        assert (writes == 1).all(), f"shape {m}x{n}: columns written {np.unique(writes)} times"
+        np.testing.assert_allclose(y, rmsnorm_numpy(x, w), rtol=1e-12, atol=1e-12)

@@ -54,6 +54,8 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0) -> dict[s
     L = prob.launch(dict(genome.params), case, None)
     if L.cluster is not None and L.cluster[0] > 8:  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
         cp.cuda.driver.funcSetAttribute(kern.kernel.ptr, 14, 1)  # RawKernel wraps a cupy Function
+    if L.shared_mem:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (48 KB in all by default, static included)
+        cp.cuda.driver.funcSetAttribute(kern.kernel.ptr, 8, int(L.shared_mem))
     ctypes = {"int32": np.int32, "float32": np.float32, "int64": np.int64, "uint32": np.uint32}
     scalars = tuple(ctypes[t](v) for t, v in prob.scalars(case))
     kern(L.grid, L.block, tuple(bufs) + scalars, shared_mem=L.shared_mem)
@@ -93,6 +95,25 @@ def test_forward_sampled_params(cuda_device) -> None:
     rng = np.random.default_rng(11)
     for _ in range(12):
         _check(prob, prob.seeds[0].with_params(**prob.params.sample(rng)), SMALL[:6])
+
+
+PIPE_SHAPES = [{"M": 1, "N": 8}, {"M": 2, "N": 2048}, {"M": 37, "N": 760}, {"M": 3, "N": 40968},
+               {"M": 130, "N": 1024}, {"M": 5, "N": 131072}]
+"""Shapes whose rows are whole 16-byte chunks in every dtype (the STAGE 3 bulk-copy path), including
+slices a cluster cannot split evenly (40968) and a partial last tile."""
+
+
+def test_forward_pipeline_sampled(cuda_device) -> None:
+    """STAGE 3 over sampled knobs: the bulk-copy path and its fallback (odd N) in every dtype."""
+    prob = make_forward_problem()
+    rng = np.random.default_rng(5)
+    done = 0
+    while done < 16:
+        p = prob.params.sample(rng)
+        if p["STAGE"] != 3:
+            continue
+        _check(prob, prob.seeds[0].with_params(**p), PIPE_SHAPES + SMALL[1:4])
+        done += 1
 
 
 def test_forward_timed_shape_sample(cuda_device) -> None:

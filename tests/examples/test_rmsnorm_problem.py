@@ -10,6 +10,7 @@ import pytest
 
 from evo.types import Case, DeviceInfo
 from examples.rmsnorm_problem import (
+    BLOCK_SMEM_OPTIN,
     CHECK_SHAPES,
     SMEM_CAP,
     TIMED_SHAPES,
@@ -24,6 +25,8 @@ from examples.rmsnorm_problem import (
     fwd_signature,
     make_backward_problem,
     make_forward_problem,
+    pipe_rows,
+    pipe_slice_bytes,
     rmsnorm_numpy,
 )
 
@@ -90,6 +93,9 @@ def test_launch_covers_every_row(dtype: str) -> None:
             case = Case(shape, dtype)
             L = fwd_launch(p, case, dev)
             rpc = p["THREADS"] // p["TPR"]
+            if p["STAGE"] == 3 and L.shared_mem:  # the kernel's unit is a tile of rows
+                rpc = pipe_rows(p, case)
+                assert L.shared_mem == p["PIPE"] * rpc * pipe_slice_bytes(p, case)
             groups = L.grid[0] // p["CLUSTER"]
             assert L.grid[0] % p["CLUSTER"] == 0 and L.block == (p["THREADS"], 1, 1)
             assert groups >= 1 and groups * rpc <= max(shape["M"], rpc) + rpc - 1
@@ -98,7 +104,7 @@ def test_launch_covers_every_row(dtype: str) -> None:
                     for i in range(-(-shape["M"] // (groups * rpc)))} if shape["M"] < 300 else None
             if rows is not None and groups <= 4:
                 assert set(range(shape["M"])) <= rows
-            assert L.shared_mem <= SMEM_CAP
+            assert L.shared_mem <= (BLOCK_SMEM_OPTIN if p["STAGE"] == 3 else SMEM_CAP)
             assert (L.cluster is None) == (p["CLUSTER"] == 1)
             if p["PERSISTENT"] == 0:
                 assert groups * rpc >= shape["M"]
@@ -111,6 +117,27 @@ def test_launch_stage_smem() -> None:
     big = fwd_launch(dict(p, CLUSTER=1), Case({"M": 8, "N": 262144}, "float32"))
     assert big.shared_mem == 0  # over the cap: the kernel re-reads global memory
     assert fwd_launch(dict(p, STAGE=0), Case({"M": 8, "N": 64}, "float32")).shared_mem == 0
+
+
+def test_launch_pipeline_smem() -> None:
+    """STAGE 3: PIPE buffers of whole row slices, sized so PERSISTENT CTAs share an SM."""
+    p = {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "STAGE": 3, "CLUSTER": 1, "PERSISTENT": 2, "PIPE": 3,
+         "TILE_ROWS": 64}
+    c = Case({"M": 32768, "N": 8192}, "bfloat16")  # 16 KB rows
+    assert pipe_slice_bytes(p, c) == 16384
+    rows = pipe_rows(p, c)
+    assert rows == (114 * 1024 - 3 * 1024) // (3 * 16384) == 2
+    L = fwd_launch(p, c, DeviceInfo("H200", "9.0", sm_count=132))
+    assert L.shared_mem == 3 * 2 * 16384 and L.grid == (264, 1, 1)
+    # a cluster splits the row into slices of whole 16-byte chunks
+    pc = dict(p, CLUSTER=8, PERSISTENT=0, TILE_ROWS=1)
+    c2 = Case({"M": 4, "N": 131072}, "float32")
+    assert pipe_slice_bytes(pc, c2) == 131072 * 4 // 8
+    assert fwd_launch(pc, c2).grid == (4 * 8, 1, 1)
+    # rows that are not whole 16-byte chunks, or a slice too large for shared memory: no buffers
+    assert fwd_launch(p, Case({"M": 4, "N": 1001}, "bfloat16")).shared_mem == 0
+    assert fwd_launch(dict(p, PIPE=4), Case({"M": 4, "N": 262144}, "float32")).shared_mem == 0
+    assert pipe_rows(p, Case({"M": 1, "N": 256}, "bfloat16")) == 1  # never more rows than M
 
 
 def test_signature_scalars_bytes() -> None:

@@ -26,6 +26,7 @@ from fitness._device import (
     allocate_buffers,
     gpu_available,
     make_canary,
+    needs_dyn_shared_optin,
     validate_launch,
 )
 from fitness._dtypes import from_storage, to_storage
@@ -409,6 +410,17 @@ def test_validate_launch_messages():
     validate_launch(kc, Launch((4, 16, 1), (32, 1, 1)), CPU_DEVICE)
     with pytest.raises(LaunchConfigError, match="whole number of clusters"):
         validate_launch(kc, Launch((4, 12, 1), (32, 1, 1)), CPU_DEVICE)
+
+
+def test_dynamic_shared_optin_counts_static_memory():
+    """48 KB in all without the attribute: 48 KB dynamic plus any static array needs it."""
+    k = KernelHandle(None, "k", static_shared=128)
+    assert not needs_dyn_shared_optin(k, Launch((1, 1, 1), (32, 1, 1), shared_mem=48 * 1024 - 128))
+    assert needs_dyn_shared_optin(k, Launch((1, 1, 1), (32, 1, 1), shared_mem=48 * 1024))
+    assert not needs_dyn_shared_optin(KernelHandle(None, "k"), Launch((1, 1, 1), (32, 1, 1), shared_mem=48 * 1024))
+    k.dyn_shared_set = 100 * 1024  # already raised: nothing to do up to that size
+    assert not needs_dyn_shared_optin(k, Launch((1, 1, 1), (32, 1, 1), shared_mem=100 * 1024))
+    assert needs_dyn_shared_optin(k, Launch((1, 1, 1), (32, 1, 1), shared_mem=100 * 1024 + 16))
 
 
 def test_aggregation_helpers():

@@ -1,0 +1,146 @@
+"""Sweep of RMSNorm forward variants through the real Evaluator (one GPU run).
+
+Every variant is a full genome of the example's kernel family; each goes through the whole
+gate (static checks, compile, resources, correctness on every check shape, timing of every
+timed shape), exactly as the engine would score it. The point is design-space exploration
+by a person (which knobs matter where), the way Kernel Tuner sweeps a grid; the engine's
+search is still what produces the example's archive.
+
+    python benchmarks/rmsnorm_sweep.py --set pipe --dtypes bfloat16 --out $OUT/sweep
+    python benchmarks/rmsnorm_sweep.py --variants my_variants.json --limit 300
+
+Writes ``sweep.jsonl`` (one line per evaluation, as it finishes) and ``sweep.md`` (variants
+by geometric-mean fraction of copy, one column per timed shape, and the best per shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+from evo.types import Genome, Status  # noqa: E402
+from examples.rmsnorm_problem import FWD_ENTRY, FWD_SEED_PARAMS, forward_source, make_forward_problem  # noqa: E402
+
+BASE: dict[str, int] = dict(FWD_SEED_PARAMS[0])
+
+
+def _grid(base: Mapping[str, int], **axes: list[int]) -> Iterator[dict[str, int]]:
+    names = list(axes)
+    for values in itertools.product(*(axes[n] for n in names)):
+        yield dict(base, **dict(zip(names, values, strict=True)))
+
+
+def pipe_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
+    """STAGE 3 variants per row-length regime, a seeded sample of each grid, plus the seeds."""
+    space = make_forward_problem(dtypes=["bfloat16"]).params
+    p3 = dict(BASE, STAGE=3, VEC_BYTES=16, STORE_HINT=1, MAX_VECS=4)
+    hints = {"LOAD_HINT": [0, 3], "STORE_HINT": [0, 1]}
+    regimes = [
+        list(_grid(p3, THREADS=[128, 256], TPR=[8, 16, 32], TILE_ROWS=[8, 16, 32, 64], PIPE=[1, 2, 3, 4],
+                   PERSISTENT=[0, 2, 4, 8], **hints)),                      # short rows: a group per row
+        list(_grid(dict(p3, TPR=0), THREADS=[128, 256, 512], TILE_ROWS=[1, 2, 4], PIPE=[1, 2, 3, 4],
+                   PERSISTENT=[0, 1, 2, 4], **hints)),                      # mid rows: a CTA per row
+        list(_grid(dict(p3, TPR=0), CLUSTER=[2, 4, 8, 16], THREADS=[128, 256, 512], TILE_ROWS=[1, 2],
+                   PIPE=[1, 2, 3], PERSISTENT=[0, 1, 2], **hints)),         # long rows: a cluster per row
+    ]
+    rng = np.random.default_rng(seed)
+    out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS]
+    per = max(1, (limit - len(out)) // len(regimes))
+    for grid in regimes:
+        grid = [dict(p, TPR=p["THREADS"]) if p["TPR"] == 0 else p for p in grid]
+        grid = [p for p in grid if space.is_valid(p)]
+        for i in rng.permutation(len(grid))[:per]:
+            out.append(grid[int(i)])
+    return out
+
+
+def _geomean(xs: list[float]) -> float:
+    xs = [x for x in xs if x and x > 0]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--set", default="pipe", choices=["pipe", "seeds"], help="built-in variant set")
+    ap.add_argument("--variants", type=Path, help="JSON list of param dicts (overrides --set)")
+    ap.add_argument("--count", type=int, default=120, help="variants in the built-in set")
+    ap.add_argument("--dtypes", default="bfloat16")
+    ap.add_argument("--limit", type=float, default=400.0, help="stop submitting after this many seconds")
+    ap.add_argument("--out", type=Path, default=Path("sweep-out"))
+    args = ap.parse_args(argv)
+
+    from fitness import Evaluator
+
+    problem = make_forward_problem(dtypes=args.dtypes.split(","))
+    if args.variants:
+        variants = json.loads(args.variants.read_text())
+    elif args.set == "seeds":
+        variants = [dict(p) for p in FWD_SEED_PARAMS]
+    else:
+        variants = pipe_set(args.count)
+    bad = [p for p in variants if not problem.params.is_valid(p)]
+    if bad:
+        raise SystemExit(f"{len(bad)} variants break the space's rules, e.g. {bad[0]}: "
+                         f"{problem.params.violations(bad[0])}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    src = forward_source()
+    rows: list[dict[str, Any]] = []
+    t0 = time.perf_counter()
+    print(f"{len(variants)} variants, {len(problem.timed_cases())} timed cases each", flush=True)
+    with Evaluator(problem, seed=3) as ev, (args.out / "sweep.jsonl").open("w") as log:
+        futures = [(p, ev.submit(Genome(src, p, entry=FWD_ENTRY))) for p in variants]
+        for i, (p, fut) in enumerate(futures):
+            if time.perf_counter() - t0 > args.limit:
+                print(f"time limit: {len(futures) - i} variants not collected", flush=True)
+                break
+            r = fut.result()
+            cases = r.metrics.get("cases", {}) if r.status is Status.OK else {}
+            row = {"params": p, "status": r.status.value, "reason": (r.reason or "")[:300],
+                   "fitness": r.fitness, "registers": r.resources.get("registers"),
+                   "spill": r.resources.get("spill_bytes", 0),
+                   "cases": {k: {"fraction": c.get("fraction"), "time_ms": c.get("time_ms")} for k, c in cases.items()}}
+            rows.append(row)
+            log.write(json.dumps(row) + "\n")
+            log.flush()
+            print(f"[{i + 1}/{len(futures)} {time.perf_counter() - t0:.0f}s] {r.status.value} "
+                  f"fit={r.fitness if r.fitness is None else round(r.fitness, 4)} {p}", flush=True)
+        for _, fut in futures:
+            fut.cancel()
+    keys = [c.key for c in problem.timed_cases()]
+    ok = [r for r in rows if r["cases"]]
+    ok.sort(key=lambda r: -_geomean([r["cases"].get(k, {}).get("fraction") or 0 for k in keys]))
+    short = [k.split(",N=")[1].split(":")[0] if ",N=" in k else k for k in keys]
+    lines = ["| variant | regs | geomean | " + " | ".join(short) + " |",
+             "| --- | ---: | ---: | " + " | ".join("---:" for _ in keys) + " |"]
+    knobs = ["STAGE", "THREADS", "TPR", "CLUSTER", "PIPE", "TILE_ROWS", "PERSISTENT", "MAX_VECS", "VEC_BYTES",
+             "LOAD_HINT", "STORE_HINT"]
+    for r in ok:
+        fr = [r["cases"].get(k, {}).get("fraction") for k in keys]
+        name = " ".join(f"{k[:2]}{r['params'][k]}" for k in knobs)
+        lines.append(f"| {name} | {r['registers']} | {_geomean([f or 0 for f in fr]):.3f} | "
+                     + " | ".join("-" if f is None else f"{f:.3f}" for f in fr) + " |")
+    best = [max((r["cases"].get(k, {}).get("fraction") or 0 for r in ok), default=0) for k in keys]
+    lines.append("| **best per shape** | | | " + " | ".join(f"**{b:.3f}**" for b in best) + " |")
+    failed = [r for r in rows if not r["cases"]]
+    for r in failed:
+        lines.append(f"\nFAILED {r['status']}: {r['params']}: {r['reason']}")
+    (args.out / "sweep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
