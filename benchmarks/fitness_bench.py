@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             med = statistics.median(ts)
             rep[key] = {"median_ms": med, "max_dev": max(abs(t - med) / med for t in ts), "n": len(ts),
                         "times_ms": ts,  # in run order, to tell drift from scatter
+                        # the plan per repeat (input sets, launches per batch): a bimodal spread may follow it
+                        "plan": [[r.metrics["cases"][key].get("sets"), r.metrics["cases"][key].get("launches_per_batch")]
+                                 for r in [first] + repeats if r.status is Status.OK],
                         "fraction": [r.metrics["cases"][key].get("fraction") for r in [first] + repeats
                                      if r.status is Status.OK][0]}
         # Where a good evaluation's time goes: Timing-stage phases per case (median over repeats).
@@ -125,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
                                              for r in [first] + repeats if r.status is Status.OK))
         results["timing_phases_s"] = phases
         results["repeatability"] = {"cases": rep, "worst_max_dev": max((v["max_dev"] for v in rep.values()),
-                                                                       default=math.nan)}
+                                                                       default=math.nan),
+                                    # batches whose device-synchronised end counted (work outlived the stream)
+                                    "escaped_batches": sum(int(c.get("escaped_batches", 0))
+                                                           for r in [first] + repeats if r.status is Status.OK
+                                                           for c in r.metrics["cases"].values())}
         # Respawn cost: a sticky fault, then the next evaluation on a fresh worker.
         before = ev.stats()["respawns"]
         t1 = time.perf_counter()
@@ -151,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'evaluations / GPU-minute':<34}{tp['evals_per_gpu_minute']:>14.1f}")
     print(f"{'GPU busy fraction':<34}{tp['gpu_busy_fraction']:>14.3f}")
     print(f"{'worst repeat deviation':<34}{rp_['worst_max_dev']:>14.4%}")
+    print(f"{'batches timed to the synced end':<34}{rp_['escaped_batches']:>14d}")
     print(f"{'fault eval seconds':<34}{results['respawn']['fault_eval_seconds']:>14.2f}")
     print(f"{'next eval after respawn, seconds':<34}{results['respawn']['next_eval_seconds']:>14.2f}")
     print(f"{'first eval (start-up) seconds':<34}{results['first_eval_seconds']:>14.2f}")

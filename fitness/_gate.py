@@ -21,8 +21,11 @@ Correctness, per check case (:meth:`Problem.check_cases`):
 Timing, per timed case: K input/output sets larger together than 3x L2 (K = 1 when one
 set is), warm-up, then NEW input contents in every set and poisoned outputs, then R
 batches of B launches rotating across the sets (each batch one CUDA graph where the
-backend can record it), each batch bracketed by events with a device-wide synchronise
-before the end event; median time per launch and its spread. Afterwards the outputs of
+backend can record it), each batch between a start event and an end event on the stream,
+then a device-wide synchronise and a second end event that counts instead when it is later
+by more than the slack of ``fitness._plan`` (work that escaped the stream is never left
+out; the host's wake-up after the synchronise stays out of the figure, counted batches in
+``escaped_batches``); median time per launch and its spread. Afterwards the outputs of
 the timed launches are checked against references of each set's inputs, two relaunches
 on one set must reproduce them bit for bit, and a bandwidth above ``max_fraction`` of
 the measured copy ceiling fails (work skipped on repeated launches). With
@@ -55,6 +58,7 @@ from fitness._device import (
 )
 from fitness._dtypes import checksum, from_storage, is_float, poison, to_storage, upcast
 from fitness._fused import FUSED_DTYPES, fused_for
+from fitness._plan import batch_count, batch_size, batch_time
 from fitness._stage import Job, Stage, StageContext, StageResult
 
 __all__ = [
@@ -677,7 +681,7 @@ class Timing(Stage):
             t0 = time.perf_counter()
             rounds = 0
             while rounds < 2 or (time.perf_counter() - t0) * 1e3 < warm_ms:
-                ms = self._run_batch(backend, kernel, launch, sets, device, batch, b)
+                ms, _ = self._run_batch(backend, kernel, launch, sets, device, batch, b)
                 per_launch = max(ms / b, 1e-6)
                 rounds += 1
                 if rounds == 1 and batch is not None and b * per_launch < 0.5 * min_batch and b < _MAX_BATCH:
@@ -693,10 +697,11 @@ class Timing(Stage):
         if "timing_batches" in opts and opts["timing_batches"]:
             r = max(10, int(opts["timing_batches"]))
         else:
-            target = float(opts.get("timing_target_ms", 50.0))
-            r = int(min(100, max(10, math.ceil(target / (b * per_launch)))))
+            r = batch_count(float(opts.get("timing_target_ms", 50.0)), b * per_launch)
         with phases("timed"):
-            times = [self._run_batch(backend, kernel, launch, sets, device, batch, b) / b for _ in range(r)]
+            runs = [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(r)]
+        times = [ms / b for ms, _ in runs]
+        escaped = sum(e for _, e in runs)
         med, spread = timing_summary(times)
         with phases("verify"):
             # The timed launches must have computed the right thing for every set ...
@@ -721,7 +726,7 @@ class Timing(Stage):
                                "inputs changed it (races, uninitialised memory or order-dependent atomics)")
                         return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
         out: dict[str, Any] = {"time_ms": med, "spread": spread, "sets": k, "launches_per_batch": b, "batches": r,
-                               "graph": batch is not None, "phases_s": phases.seconds}
+                               "escaped_batches": escaped, "graph": batch is not None, "phases_s": phases.seconds}
         if problem.bytes_moved is not None:
             moved = int(problem.bytes_moved(case))
             gbps = moved / (med * 1e-3) / 1e9 if med > 0 else math.inf
@@ -743,15 +748,19 @@ class Timing(Stage):
                min_batch: float, per_launch: float) -> tuple[Any, int]:
         """(recorded batch or None, B): B launches rotating over the sets, lasting >= min_batch."""
         k = len(sets)
-        b = max(k, math.ceil(min_batch / per_launch))
-        b = min(max(k, b + (-b) % k), _MAX_BATCH)
+        b = batch_size(k, per_launch, min_batch, _MAX_BATCH)
         batch = backend.capture(kernel, launch, [sets[i % k].args for i in range(b)], device)
         return batch, b
 
     @staticmethod
     def _run_batch(backend: Backend, kernel: KernelHandle, launch: Launch, sets: Sequence[_CaseSet],
-                   device: DeviceInfo, batch: Any, b: int) -> float:
-        """Milliseconds of one batch of ``b`` launches, device-wide synchronised before the end event."""
+                   device: DeviceInfo, batch: Any, b: int) -> tuple[float, bool]:
+        """(milliseconds, escaped) of one batch of ``b`` launches (see :mod:`fitness._plan`).
+
+        The end event on the stream gives the time; a second end event after a device-wide
+        synchronise counts instead when it is later by more than the slack (work escaped
+        the stream).
+        """
         k = len(sets)
         start = backend.event()
         if batch is not None:
@@ -759,6 +768,7 @@ class Timing(Stage):
         else:
             for i in range(b):
                 backend.launch(kernel, launch, sets[i % k].args, device)
-        backend.synchronize()  # device-wide: work escaping to another stream is counted
         end = backend.event()
-        return backend.elapsed_ms(start, end)
+        backend.synchronize()  # device-wide: work escaping to another stream is counted
+        synced = backend.event()
+        return batch_time(backend.elapsed_ms(start, end), backend.elapsed_ms(start, synced))

@@ -10,8 +10,9 @@ zero-argument callables that launch GPU work on torch's current stream:
 * a batch of B calls rotating over the sets, B chosen so one batch lasts at least
   ``min_batch_ms``, recorded once as a CUDA graph (``torch.cuda.CUDAGraph``) when the
   calls can be captured, else issued call by call;
-* at least 10 batches (up to 100, aiming at ``target_ms`` of timed work), each between
-  two events with a device-wide synchronise before the end event;
+* at least 10 batches (up to 100, aiming at ``target_ms`` of timed work), each between a
+  start event and an end event recorded on the stream, with a device-wide synchronise and
+  a second end event that counts instead when work outlived the stream (``fitness._plan``);
 * the median time per call over batches, and the spread ``(p75 - p25) / median``.
 
 torch is imported inside the function; nothing here runs without it.
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from fitness._plan import batch_count, batch_size, batch_time
 
 __all__ = ["CallTiming", "time_calls"]
 
@@ -98,21 +101,21 @@ def time_calls(calls: Sequence[Callable[[], Any]], *, min_batch_ms: float = 2.0,
     ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731 - tiny factory
 
     def run(batch: Sequence[Callable[[], Any]], graph: Any) -> float:
-        a, b = ev(), ev()
+        a, b, c_ = ev(), ev(), ev()
         a.record()
         if graph is not None:
             graph.replay()
         else:
             for c in batch:
                 c()
-        torch.cuda.synchronize()  # device-wide, as the Timing stage does
         b.record()
-        b.synchronize()
-        return float(a.elapsed_time(b))
+        torch.cuda.synchronize()  # device-wide, as the Timing stage does
+        c_.record()
+        c_.synchronize()
+        return batch_time(float(a.elapsed_time(b)), float(a.elapsed_time(c_)))[0]
 
     per = max(run(calls, None) / k, 1e-6)
-    n = max(k, math.ceil(min_batch_ms / per))
-    n = min(max(k, n + (-n) % k), max_batch)
+    n = batch_size(k, per, min_batch_ms, max_batch)
     batch = [calls[i % k] for i in range(n)]
     graph = _graph(torch, batch) if use_graph else None
     t0 = time.perf_counter()
@@ -121,13 +124,12 @@ def time_calls(calls: Sequence[Callable[[], Any]], *, min_batch_ms: float = 2.0,
         per = max(run(batch, graph) / n, 1e-6)
         rounds += 1
         if rounds == 1 and graph is not None and n * per < 0.5 * min_batch_ms and n < max_batch:
-            n = min(max(k, math.ceil(min_batch_ms / per)), max_batch)
-            n += (-n) % k
+            n = batch_size(k, per, min_batch_ms, max_batch)
             batch = [calls[i % k] for i in range(n)]
             graph = _graph(torch, batch)
         if rounds >= 1000:
             break
-    r = int(min(100, max(10, math.ceil(target_ms / (n * per)))))
+    r = batch_count(target_ms, n * per)
     times = np.array([run(batch, graph) / n for _ in range(r)])
     med = float(np.median(times))
     p25, p75 = np.percentile(times, [25, 75])

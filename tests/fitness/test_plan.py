@@ -1,0 +1,71 @@
+"""The timing plan shared by Timing and time_calls (pure arithmetic) and the batch timer's use of it."""
+
+from __future__ import annotations
+
+import pytest
+
+from fitness._gate import Timing
+from fitness._plan import MAX_BATCHES, MIN_BATCHES, batch_count, batch_size, batch_time, escape_slack_ms
+
+
+def test_batch_size_whole_rounds_and_bounds() -> None:
+    assert batch_size(3, 0.1, 2.0, 8192) == 21  # ceil(2 / 0.1) = 20 -> a multiple of 3
+    assert batch_size(4, 5.0, 2.0, 8192) == 4  # one round already lasts longer than 2 ms
+    assert batch_size(1, 1e-6, 2.0, 100) == 100  # max_batch wins over the shortest batch
+    assert batch_size(7, 1e-6, 2.0, 3) == 7  # but never fewer launches than sets
+    assert batch_size(0, 0.0, 2.0, 50) == 50
+
+
+def test_batch_count_aims_at_target_within_bounds() -> None:
+    assert batch_count(50.0, 2.0) == 25
+    assert batch_count(50.0, 20.0) == MIN_BATCHES
+    assert batch_count(50.0, 0.01) == MAX_BATCHES
+    assert batch_count(100.0, 0.0) == MAX_BATCHES
+
+
+def test_batch_time_keeps_host_latency_out_and_escaped_work_in() -> None:
+    # the host's wake-up after the synchronise (tens of us) is not counted
+    assert batch_time(2.000, 2.030) == (2.000, False)
+    assert batch_time(20.0, 21.5) == (20.0, False)  # within 10% of a long batch
+    # work that outlived the stream counts: the synchronised end is the batch's time
+    assert batch_time(2.0, 4.0) == (4.0, True)
+    assert batch_time(20.0, 23.0) == (23.0, True)
+    assert escape_slack_ms(1.0) == 0.5 and escape_slack_ms(10.0) == pytest.approx(1.0)
+
+
+class _Clock:
+    """A fake backend: events are device timestamps; work on the stream ends at `stream_end`,
+    escaped work at `device_end`, and the host wakes `wake` ms after the device is idle."""
+
+    def __init__(self, stream_ms: float, escaped_ms: float, wake: float) -> None:
+        self.t = 0.0
+        self.stream_ms, self.escaped_ms, self.wake = stream_ms, escaped_ms, wake
+        self.launched = False
+
+    def event(self) -> float:
+        return self.t
+
+    def synchronize(self) -> None:
+        self.t = max(self.t, self.escaped_ms) + self.wake
+
+    def elapsed_ms(self, a: float, b: float) -> float:
+        return b - a
+
+
+class _Batch:
+    def __init__(self, clock: _Clock) -> None:
+        self.clock = clock
+
+    def launch(self) -> None:
+        self.clock.t += self.clock.stream_ms
+
+
+def _run(stream_ms: float, escaped_ms: float, wake: float) -> tuple[float, bool]:
+    clock = _Clock(stream_ms, escaped_ms, wake)
+    return Timing._run_batch(clock, None, None, [object()], None, _Batch(clock), 1)  # type: ignore[arg-type]
+
+
+def test_run_batch_uses_stream_end_unless_work_escaped() -> None:
+    assert _run(2.0, 0.0, 0.04) == (2.0, False)  # host latency after the sync is not timed
+    ms, escaped = _run(2.0, 5.0, 0.04)  # 3 ms of work outlived the stream
+    assert escaped and ms == pytest.approx(5.04)
