@@ -290,6 +290,14 @@ def _c_pipe_registers(p: Mapping[str, Any]) -> bool:
     return int(p["STAGE"]) != 3 or int(p["PERSISTENT"]) * int(p["THREADS"]) <= 1024
 
 
+def _c_occupancy(p: Mapping[str, Any]) -> bool:
+    occ = int(p["OCCUPANCY"])
+    if occ == 0:
+        return True
+    small_tile = int(p["STAGE"]) == 3 or int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) <= 32
+    return occ * int(p["THREADS"]) <= 1024 and small_tile
+
+
 def forward_param_space() -> ParamSpace:
     """The forward kernel's knobs and the rules a valid assignment follows."""
     return ParamSpace(
@@ -306,6 +314,7 @@ def forward_param_space() -> ParamSpace:
             "RSQRT_APPROX": Choice([0, 1]),
             "PIPE": Choice([1, 2, 3, 4]),
             "TILE_ROWS": Choice([1, 2, 4, 8, 16, 32, 64]),
+            "OCCUPANCY": Choice([0, 2, 4, 8]),
         },
         constraints=(
             Constraint("TPR (threads per row) divides THREADS", _c_tpr_divides),
@@ -315,6 +324,9 @@ def forward_param_space() -> ParamSpace:
                        _c_reg_tile),
             Constraint("STAGE 3: PERSISTENT * THREADS <= 1024 (the CTAs of an SM share its registers; at 2048 "
                        "threads ptxas has 32 per thread and spills)", _c_pipe_registers),
+            Constraint("OCCUPANCY > 0: OCCUPANCY * THREADS <= 1024 (64 registers per thread or more) and, "
+                       "outside STAGE 3, MAX_VECS * VEC_BYTES <= 32 (a larger register tile spills at 64)",
+                       _c_occupancy),
         ),
     )
 
@@ -322,25 +334,25 @@ def forward_param_space() -> ParamSpace:
 FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # many short rows, no staging: a warp per row, four rows per CTA, register tile of 4 x 16 B
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 0, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0},
     # STAGE 3 (bulk copies into shared memory), short rows: a warp per row, tiles of 8 rows
     {"THREADS": 256, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0},
     # STAGE 3, the shortest rows: half a warp per row, one buffer, L2 evict-first loads
     {"THREADS": 128, "TPR": 16, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 8},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 8, "OCCUPANCY": 0},
     # STAGE 3, 2K-4K rows: a CTA of 128 threads per row, tiles of 2 rows, many CTAs per SM
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2, "OCCUPANCY": 0},
     # STAGE 3, 8K rows: a CTA of 256 threads per row
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2, "OCCUPANCY": 0},
     # STAGE 3, 16K-32K rows: a CTA of 512 threads per row
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2, "OCCUPANCY": 0},
     # STAGE 3, long rows: each CTA of a 2-CTA cluster holds half a row, two CTAs per SM
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 2, "PERSISTENT": 2, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2},
+     "CLUSTER": 2, "PERSISTENT": 2, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2, "OCCUPANCY": 0},
 )
 """Starting points, one per row-length regime (the engine searches from all of them). The
 STAGE 3 ones come from the design-space sweep ``benchmarks/rmsnorm_sweep.py`` on the H200

@@ -28,6 +28,7 @@
 //                are combined through distributed shared memory (mapa + ld.shared::cluster)
 //   PERSISTENT   launch-only knob (grid = k * SM count); the kernel always strides over rows
 //   RSQRT_APPROX 1 rsqrt.approx.ftz.f32, 0 precise 1/sqrtf
+//   OCCUPANCY    0 ptxas's own register count; k > 0: __launch_bounds__ minimum of k CTAs per SM
 //
 // Rows whose x and y addresses are not VEC_BYTES-aligned (odd N, misaligned bases) are split
 // into a scalar head, an aligned vector body and a scalar tail. If x and y rows have different
@@ -102,7 +103,18 @@
 #ifndef PERSISTENT
 #define PERSISTENT 0
 #endif
-#if STAGE == 3 && PERSISTENT > 1 && PERSISTENT * THREADS <= 2048
+// OCCUPANCY > 0 (any stage) sets the minimum itself: ptxas keeps registers within
+// 65536 / (OCCUPANCY * THREADS), so more CTAs fit an SM (the default may spend 96 registers
+// on a thread that holds one 16-byte vector: the three dtype paths and the scalar head/tail).
+#ifndef OCCUPANCY
+#define OCCUPANCY 0
+#endif
+#if OCCUPANCY < 0 || OCCUPANCY * THREADS > 2048
+#error "OCCUPANCY * THREADS must be in [0, 2048]"
+#endif
+#if OCCUPANCY > 0
+#define MIN_BLOCKS OCCUPANCY
+#elif STAGE == 3 && PERSISTENT > 1 && PERSISTENT * THREADS <= 2048
 #define MIN_BLOCKS PERSISTENT
 #elif STAGE == 3 && PERSISTENT == 0 && THREADS < 1024
 #define MIN_BLOCKS (1024 / THREADS)

@@ -36,6 +36,10 @@ def _corner_cases() -> list[dict]:
     for threads, vecs in ((1024, 1), (512, 4), (256, 8), (128, 16)):
         out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=vecs, VEC_BYTES=16, STAGE=0,
                         CLUSTER=16 if threads == 1024 else 1, LOAD_HINT=3, STORE_HINT=1))
+    # the largest register tiles OCCUPANCY allows (64 registers per thread)
+    out.append(dict(base, THREADS=128, TPR=32, MAX_VECS=2, VEC_BYTES=16, STAGE=0, OCCUPANCY=8))
+    out.append(dict(base, THREADS=256, TPR=256, MAX_VECS=4, VEC_BYTES=16, STAGE=3, OCCUPANCY=4, PIPE=2,
+                    TILE_ROWS=2))
     return out
 
 
