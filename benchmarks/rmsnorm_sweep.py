@@ -7,6 +7,7 @@ by a person (which knobs matter where), the way Kernel Tuner sweeps a grid; the 
 search is still what produces the example's archive.
 
     python benchmarks/rmsnorm_sweep.py --set pipe --dtypes bfloat16 --out $OUT/sweep
+    python benchmarks/rmsnorm_sweep.py --set short --shapes 256,512,1024,2048 --count 80
     python benchmarks/rmsnorm_sweep.py --variants my_variants.json --limit 300
 
 Writes ``sweep.jsonl`` (one line per evaluation, as it finishes) and ``sweep.md`` (variants
@@ -32,7 +33,13 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from evo.types import Genome, Status  # noqa: E402
-from examples.rmsnorm_problem import FWD_ENTRY, FWD_SEED_PARAMS, forward_source, make_forward_problem  # noqa: E402
+from examples.rmsnorm_problem import (  # noqa: E402
+    FWD_ENTRY,
+    FWD_SEED_PARAMS,
+    TIMED_SHAPES,
+    forward_source,
+    make_forward_problem,
+)
 
 BASE: dict[str, int] = dict(FWD_SEED_PARAMS[0])
 
@@ -67,6 +74,24 @@ def pipe_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     return out
 
 
+def short_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
+    """Short rows (N <= 2K): STAGE 0 register tiles and STAGE 3 one-shot tiles, with OCCUPANCY."""
+    space = make_forward_problem(dtypes=["bfloat16"]).params
+    grids = [
+        list(_grid(dict(BASE, STAGE=0, VEC_BYTES=16, PERSISTENT=0), THREADS=[64, 128, 256], TPR=[8, 16, 32],
+                   MAX_VECS=[1, 2], OCCUPANCY=[0, 4, 8], STORE_HINT=[0, 1], LOAD_HINT=[0, 1])),
+        list(_grid(dict(BASE, STAGE=3, VEC_BYTES=16, PERSISTENT=0, PIPE=1, MAX_VECS=4), THREADS=[64, 128, 256],
+                   TPR=[8, 16, 32], TILE_ROWS=[4, 8, 16, 32], OCCUPANCY=[0, 4, 8], LOAD_HINT=[0, 3])),
+    ]
+    rng = np.random.default_rng(seed)
+    out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS[:3]]
+    per = max(1, (limit - len(out)) // len(grids))
+    for grid in grids:
+        grid = [p for p in grid if space.is_valid(p)]
+        out.extend(grid[int(i)] for i in rng.permutation(len(grid))[:per])
+    return out
+
+
 def _geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
@@ -74,7 +99,8 @@ def _geomean(xs: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", default="pipe", choices=["pipe", "seeds"], help="built-in variant set")
+    ap.add_argument("--set", default="pipe", choices=["pipe", "short", "seeds"], help="built-in variant set")
+    ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values to time (M as in the matrix)")
     ap.add_argument("--variants", type=Path, help="JSON list of param dicts (overrides --set)")
     ap.add_argument("--count", type=int, default=120, help="variants in the built-in set")
     ap.add_argument("--dtypes", default="bfloat16")
@@ -84,11 +110,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from fitness import Evaluator
 
-    problem = make_forward_problem(dtypes=args.dtypes.split(","))
+    timed = None
+    if args.shapes != "all":
+        ns = {int(n) for n in args.shapes.split(",")}
+        timed = [t for t in TIMED_SHAPES if t["N"] in ns]
+        if not timed:
+            raise SystemExit(f"--shapes {args.shapes}: no standard shape has these N")
+    problem = make_forward_problem(timed=timed, dtypes=args.dtypes.split(","))
     if args.variants:
         variants = json.loads(args.variants.read_text())
     elif args.set == "seeds":
         variants = [dict(p) for p in FWD_SEED_PARAMS]
+    elif args.set == "short":
+        variants = short_set(args.count)
     else:
         variants = pipe_set(args.count)
     bad = [p for p in variants if not problem.params.is_valid(p)]
@@ -126,10 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| variant | regs | geomean | " + " | ".join(short) + " |",
              "| --- | ---: | ---: | " + " | ".join("---:" for _ in keys) + " |"]
     knobs = ["STAGE", "THREADS", "TPR", "CLUSTER", "PIPE", "TILE_ROWS", "PERSISTENT", "MAX_VECS", "VEC_BYTES",
-             "LOAD_HINT", "STORE_HINT"]
+             "LOAD_HINT", "STORE_HINT", "OCCUPANCY"]
     for r in ok:
         fr = [r["cases"].get(k, {}).get("fraction") for k in keys]
-        name = " ".join(f"{k[:2]}{r['params'][k]}" for k in knobs)
+        name = " ".join(f"{k[:2]}{r['params'].get(k, '-')}" for k in knobs)
         lines.append(f"| {name} | {r['registers']} | {_geomean([f or 0 for f in fr]):.3f} | "
                      + " | ".join("-" if f is None else f"{f:.3f}" for f in fr) + " |")
     best = [max((r["cases"].get(k, {}).get("fraction") or 0 for r in ok), default=0) for k in keys]

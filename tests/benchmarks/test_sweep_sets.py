@@ -1,0 +1,28 @@
+"""The sweep's built-in variant sets are valid genomes of the forward Problem (no GPU needed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import rmsnorm_sweep  # noqa: E402
+
+from examples.rmsnorm_problem import make_forward_problem  # noqa: E402
+
+
+@pytest.mark.parametrize("make", [rmsnorm_sweep.pipe_set, rmsnorm_sweep.short_set])
+def test_sets_are_valid_and_distinct(make) -> None:
+    space = make_forward_problem(dtypes=["bfloat16"]).params
+    variants = make(40)
+    assert 20 <= len(variants) <= 40
+    assert all(space.is_valid(p) for p in variants), [space.violations(p) for p in variants if not space.is_valid(p)]
+    assert len({tuple(sorted(p.items())) for p in variants}) == len(variants)
+
+
+def test_bad_shapes_argument_is_a_clear_error() -> None:
+    with pytest.raises(SystemExit, match="no standard shape"):
+        rmsnorm_sweep.main(["--shapes", "7", "--set", "seeds"])
