@@ -8,6 +8,7 @@ API index:
     FunctionOperator, UnknownOperatorError               a function as an operator; unknown-name error
     ENTRY_POINT_GROUP                                    ``"evo.operators"``, where plug-ins register
     ParamMutation, ParamCrossover, ParamRandom           parameter operators over ``Problem.params``
+    ParamSweep                                           one-knob neighbours not in the archive (local search)
     param_diff(old, new)                                 ``"threads 256->512, vec 4->8"``
     operators.testing.OperatorContract                   test suite any operator can be run through
 
@@ -24,7 +25,7 @@ import importlib
 from typing import Any
 
 from operators._base import Operator, OperatorContext, OperatorError, Proposal
-from operators._param import ParamCrossover, ParamMutation, ParamRandom, param_diff
+from operators._param import ParamCrossover, ParamMutation, ParamRandom, ParamSweep, param_diff
 from operators._registry import (
     ENTRY_POINT_GROUP,
     FunctionOperator,
@@ -57,6 +58,7 @@ __all__ = [
     "ParamCrossover",
     "ParamMutation",
     "ParamRandom",
+    "ParamSweep",
     "Proposal",
     "UnknownOperatorError",
     "available",

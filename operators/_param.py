@@ -1,4 +1,4 @@
-"""Parameter operators: mutation, uniform crossover and fresh random draws over a ParamSpace.
+"""Parameter operators: mutation, uniform crossover, fresh random draws and a one-knob sweep over a ParamSpace.
 
 They change only ``genome.params`` (never the source) and hand back children that are
 valid in ``ctx.problem.params``: a child that breaks a range or a constraint is
@@ -25,7 +25,7 @@ from evo.space import Constraint, ParamSpace
 from evo.types import Genome, Record, thaw
 from operators._base import Operator, OperatorContext, OperatorError, Proposal
 
-__all__ = ["ParamCrossover", "ParamMutation", "ParamRandom", "param_diff"]
+__all__ = ["ParamCrossover", "ParamMutation", "ParamRandom", "ParamSweep", "param_diff"]
 
 _MISSING = object()
 
@@ -471,3 +471,83 @@ class ParamRandom(Operator):
             g = Genome(parent.source, cand, parent.entry, parent.language)
             return [Proposal(g, note=param_diff(original, cand), meta={"changes": _changes(original, cand)})]
         raise _reject(self.name, [parent.id], list(why), self.max_tries)
+
+
+class ParamSweep(Operator):
+    """Local search: the parent's one-knob neighbours that the archive has not seen yet.
+
+    The neighbourhood is every valid genome that differs from the parent in exactly one
+    param: each other value of a ``Choice`` (the whole line along that knob, as a tuner's
+    single-parameter sweep), the neighbouring steps of an int or float range, the other
+    ``Bool``. Neighbours that break a rule are left out (a one-knob change is never
+    repaired into a many-knob one), as are genomes the archive already holds (``id in
+    ctx.archive``). The rest are proposed in a random order, ``n_children`` per call, so
+    repeated calls on an elite walk its whole neighbourhood without repeats. When nothing
+    is left, the parent is a local optimum for single-knob moves and the operator raises
+    :class:`OperatorError` saying so.
+
+    Args:
+        n_children: Neighbours per call.
+    """
+
+    name = "param_sweep"
+    n_parents = 1
+    cost_weight = 0.05
+
+    def __init__(self, *, n_children: int = 1) -> None:
+        if int(n_children) < 1:
+            raise ValueError("n_children must be >= 1")
+        self.n_children = int(n_children)
+
+    def __repr__(self) -> str:
+        return f"ParamSweep(n_children={self.n_children})"
+
+    @staticmethod
+    def _values(spec: Any, current: Any) -> list[Any]:
+        d = spec.describe()
+        if d["kind"] == "choice":
+            vals = list(d["values"])
+        else:
+            try:
+                vals = list(spec.neighbours(current))
+            except (TypeError, ValueError):
+                vals = []
+        return [v for v in vals if spec.contains(v) and not _same(v, current)]
+
+    def neighbours(self, parent: Genome, space: ParamSpace) -> list[dict[str, Any]]:
+        """Every valid one-knob change of ``parent``'s params, in the space's param order."""
+        base = thaw(parent.params)
+        out: list[dict[str, Any]] = []
+        for name in _mutable(space):
+            current = base.get(name, _MISSING)
+            if current is _MISSING:
+                continue
+            for v in self._values(space.params[name], current):
+                cand = dict(base, **{name: v})
+                if space.is_valid(cand):
+                    out.append(cand)
+        return out
+
+    def propose(self, parents: Sequence[Record], ctx: OperatorContext) -> list[Proposal | Genome]:
+        """Up to ``n_children`` unseen one-knob neighbours of ``parents[0]``."""
+        _check_parents(self, parents)
+        space = _space(ctx, self.name)
+        parent = parents[0].genome
+        original = thaw(parent.params)
+        cands = self.neighbours(parent, space)
+        if not cands:
+            raise OperatorError(f"{self.name}: parent {parent.id[:12]} has no valid one-knob neighbour "
+                                "(every single change breaks a rule of the space)")
+        out: list[Proposal | Genome] = []
+        for i in ctx.rng.permutation(len(cands)).tolist():
+            g = Genome(parent.source, cands[i], parent.entry, parent.language)
+            if ctx.archive is not None and g.id in ctx.archive:
+                continue
+            out.append(Proposal(g, note=param_diff(original, cands[i]),
+                                meta={"changes": _changes(original, cands[i])}))
+            if len(out) >= self.n_children:
+                break
+        if not out:
+            raise OperatorError(f"{self.name}: all {len(cands)} one-knob neighbours of parent {parent.id[:12]} are "
+                                "in the archive already: it is a local optimum for single-knob moves")
+        return out

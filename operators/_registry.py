@@ -47,6 +47,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "param_mutation": ("operators._param", "ParamMutation"),
     "param_crossover": ("operators._param", "ParamCrossover"),
     "param_random": ("operators._param", "ParamRandom"),
+    "param_sweep": ("operators._param", "ParamSweep"),
     "llm_diff": ("operators.llm", "LLMDiff"),
     "llm_rewrite": ("operators.llm", "LLMRewrite"),
     "llm_crossover": ("operators.llm", "LLMCrossover"),
