@@ -325,6 +325,14 @@ class Backend:
     def release(self) -> None:
         """Return cached device memory (between evaluations)."""
 
+    def hold_busy(self, ms: float) -> float:
+        """Keep the device under a steady memory-bound load for about ``ms`` milliseconds.
+
+        Run before timing, so the first timed case does not start from an idle card's
+        clock and power state. Returns the milliseconds spent (0 where there is no device).
+        """
+        return 0.0
+
 
 DEFAULT_BLOCK_SHARED = 48 * 1024
 """Static plus dynamic shared memory a CTA may use without the opt-in attribute (bytes)."""
@@ -455,6 +463,23 @@ class CupyBackend(Backend):
 
     def release(self) -> None:
         self.cupy.get_default_memory_pool().free_all_blocks()
+
+    def hold_busy(self, ms: float, nbytes: int = 64 << 20) -> float:
+        if ms <= 0:
+            return 0.0
+        cp = self.cupy
+        rt = cp.cuda.runtime
+        src = cp.empty(nbytes, dtype=cp.uint8)
+        dst = cp.empty(nbytes, dtype=cp.uint8)
+        t0 = time.perf_counter()
+        try:
+            while (time.perf_counter() - t0) * 1e3 < ms:
+                for _ in range(8):  # about 0.25 ms of copies per check on an H200
+                    rt.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, rt.memcpyDeviceToDevice, self.stream.ptr)
+                self.stream.synchronize()
+        finally:
+            del src, dst
+        return (time.perf_counter() - t0) * 1e3
 
     # -- kernels ----------------------------------------------------------------------
 

@@ -18,7 +18,9 @@ Correctness, per check case (:meth:`Problem.check_cases`):
    (float64 accumulation) must be within the dtype's tolerance; the second run must be
    bitwise identical to the first.
 
-Timing, per timed case: K input/output sets larger together than 3x L2 (K = 1 when one
+Timing first keeps the device busy with copies for ``device_warmup_ms`` (25 ms), so the
+first case does not start from an idle card's clocks; then, per timed case: K input/output
+sets larger together than 3x L2 (K = 1 when one
 set is), warm-up, then NEW input contents in every set and poisoned outputs, then R
 batches of B launches rotating across the sets (each batch one CUDA graph where the
 backend can record it), each batch between a start event and an end event on the stream,
@@ -594,6 +596,9 @@ class Timing(Stage):
         max_fraction: Highest credible fraction of the measured copy bandwidth; a case
             measured faster fails INCORRECT (the kernel skips work on repeated launches,
             or the Problem's ``bytes_moved`` overstates the traffic).
+        device_warmup_ms: A steady copy load on the device before the first timed case
+            of each evaluation (0: none), so that case does not start from an idle
+            card's clocks (the GPU may have waited on a compile).
 
     Each can also come from ``ctx.options`` under the same name, which wins over the
     constructor (so an Evaluator can set them for all stages).
@@ -604,10 +609,12 @@ class Timing(Stage):
     needs_gpu = True
 
     def __init__(self, *, timing_batches: int | None = None, min_batch_ms: float = 2.0, warmup_ms: float = 10.0,
-                 timing_target_ms: float = 50.0, max_sets: int = 64, max_fraction: float = 1.1) -> None:
+                 timing_target_ms: float = 50.0, max_sets: int = 64, max_fraction: float = 1.1,
+                 device_warmup_ms: float = 25.0) -> None:
         self.defaults: dict[str, Any] = {"timing_batches": timing_batches, "min_batch_ms": min_batch_ms,
                                          "warmup_ms": warmup_ms, "timing_target_ms": timing_target_ms,
-                                         "max_sets": max_sets, "max_fraction": max_fraction}
+                                         "max_sets": max_sets, "max_fraction": max_fraction,
+                                         "device_warmup_ms": device_warmup_ms}
 
     def __repr__(self) -> str:
         return f"Timing({', '.join(f'{k}={v!r}' for k, v in self.defaults.items())})"
@@ -628,6 +635,7 @@ class Timing(Stage):
         opts.update({k: v for k, v in (ctx.options or {}).items() if k in opts and v is not None})
         canary = make_canary(derive_seed(ctx.seed, "time-canary"), GUARD_BYTES, xp)
         per_case: dict[str, dict[str, Any]] = {}
+        busy_ms = backend.hold_busy(float(opts.get("device_warmup_ms") or 0.0))
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
             launch = _launch_for(problem, job, case, device)
@@ -639,7 +647,7 @@ class Timing(Stage):
                 return res
             per_case[case.key] = res
             backend.release()
-        metrics: dict[str, Any] = {"cases": per_case,
+        metrics: dict[str, Any] = {"cases": per_case, "device_warmup_ms": busy_ms,
                                    "time_ms_geomean": geomean([c["time_ms"] for c in per_case.values()])}
         fractions = [c.get("fraction") for c in per_case.values()]
         if fractions and all(f is not None for f in fractions):

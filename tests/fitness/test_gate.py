@@ -275,6 +275,27 @@ def test_timing_scores_a_good_kernel():
     assert set(res.metrics["cases"]) == {"M=64,N=256:float32", "M=64,N=256:bfloat16"}
 
 
+class _BusyRecorder(NumpyBackend):
+    def __init__(self, kernels):
+        super().__init__(kernels)
+        self.calls: list[tuple[float, int]] = []
+
+    def hold_busy(self, ms):
+        self.calls.append((ms, self.launches))  # launches so far: 0 means before any timed case
+        return ms
+
+
+def test_timing_warms_the_device_once_before_the_first_case():
+    backend = _BusyRecorder(KERNELS)
+    opts = {"warmup_ms": 1.0, "min_batch_ms": 0.5, "timing_target_ms": 5.0}
+    res, _ = run_stage(Timing(), "good", backend=backend, options=opts)
+    assert res.ok and backend.calls == [(25.0, 0)] and res.metrics["device_warmup_ms"] == 25.0
+    off = _BusyRecorder(KERNELS)
+    res, _ = run_stage(Timing(device_warmup_ms=0.0), "good", backend=off, options=opts)
+    assert res.ok and off.calls == [(0.0, 0)] and res.metrics["device_warmup_ms"] == 0.0
+    assert NumpyBackend(KERNELS).hold_busy(10.0) == 0.0  # no device: nothing to warm
+
+
 def test_timing_catches_a_result_cache():
     # passes correctness (fewer than 40 launches) but stops computing during warm-up
     res, _ = run_stage(Correctness(), "cache", problem=small_problem(check_shapes=rp.CHECK_SHAPES[:2]))
