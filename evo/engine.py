@@ -131,6 +131,11 @@ class EngineConfig:
             would rarely be a parent; drawing champions keeps refining each case's best
             (multi-task selection). 0 turns it off; it has no effect on Problems whose
             evaluations report no per-case times.
+        champion_reward: Operator reward for a child that sets a new best time on timed
+            cases (a new per-case champion), times the share of cases it took over. The
+            export runs each case's champion, so such a child is progress even when its
+            aggregate fitness is not; without it the bandit would see no gain. 0 turns it
+            off; the first evaluation of a case (no earlier time) earns nothing.
     """
 
     islands: int = 2
@@ -152,9 +157,12 @@ class EngineConfig:
     executor: str = "local"
     ray_address: str | None = None
     case_champions: float = 0.3
+    champion_reward: float = 0.5
 
     def __post_init__(self) -> None:
         errs = []
+        if not self.champion_reward >= 0.0:
+            errs.append(f"champion_reward={self.champion_reward} must be >= 0")
         if not 0.0 <= self.case_champions <= 1.0:
             errs.append(f"case_champions={self.case_champions} must be in [0, 1]")
         if self.islands < 1:
@@ -567,6 +575,7 @@ class Engine:
 
         ok = evaluation.ok and evaluation.fitness is not None
         success = result.status in (AddStatus.NEW, AddStatus.IMPROVED)
+        won, n_cases = self._note_champion(cand.genome.id, evaluation) if ok else (0, 0)
         delta = None
         if ok and best_parent is not None and best_parent.fitness:
             delta = (evaluation.fitness - best_parent.fitness) / abs(best_parent.fitness)
@@ -593,6 +602,8 @@ class Engine:
                 improvement += self.config.new_cell_bonus
             if ok and parents and not ok_parents:
                 improvement += self.config.repair_reward
+            if won:
+                improvement += self.config.champion_reward * won / max(n_cases, 1)
             dollars = _cost_of(cand.meta)
             cost = max(getattr(self._ops[cand.operator], "cost_weight", 1.0), 1e-6) + \
                 dollars / self.config.dollars_per_unit
@@ -610,7 +621,6 @@ class Engine:
             rec = result.record if getattr(result.record, "cell", None) is not None else self.archive.get(cand.genome.id)
             cell = rec.cell if rec is not None else None
             self.islands.add(cand.island, Entry(cand.genome.id, float(evaluation.fitness), cell_key(cell)))
-            self._note_champion(cand.genome.id, evaluation)
             frac = evaluation.metrics.get("fraction") if isinstance(evaluation.metrics, Mapping) else None
             if isinstance(frac, (int, float)) and math.isfinite(frac):
                 self._best_fraction = frac if self._best_fraction is None else max(self._best_fraction, frac)
@@ -967,17 +977,25 @@ class Engine:
 
     # -- internals: state ---------------------------------------------------------------------
 
-    def _note_champion(self, genome_id: str, evaluation: Evaluation) -> None:
-        """Record ``genome_id`` as the champion of every timed case it is the fastest on."""
+    def _note_champion(self, genome_id: str, evaluation: Evaluation) -> tuple[int, int]:
+        """Record ``genome_id`` as the champion of every timed case it is the fastest on.
+
+        Returns:
+            (cases it took over from an earlier, slower champion, timed cases it reported).
+        """
         cases = evaluation.metrics.get("cases") if isinstance(evaluation.metrics, Mapping) else None
         if not isinstance(cases, Mapping):
-            return
+            return 0, 0
+        won = 0
         for key, m in cases.items():
             t = m.get("time_ms") if isinstance(m, Mapping) else None
             if isinstance(t, (int, float)) and math.isfinite(t) and t > 0:
                 held = self._champions.get(key)
                 if held is None or t < held[0]:
+                    if held is not None and held[1] != genome_id:
+                        won += 1
                     self._champions[key] = (float(t), genome_id)
+        return won, len(cases)
 
     def _rebuild_champions(self) -> None:
         """Per-case champions from the OK records already in the archive."""

@@ -69,3 +69,29 @@ def test_champions_off_and_invalid_setting(tmp_path: Path) -> None:
         assert eng._champion_pool()  # tracked (cheap) but never drawn
     with pytest.raises(ValueError, match="case_champions=1.5 must be in"):
         EngineConfig(case_champions=1.5)
+
+
+def _reward_after_a_case_record(tmp_path: Path, name: str, champion_reward: float) -> tuple[float, str]:
+    """Seeds told, then one child that is slower overall than its parent but the fastest on
+    the long case: the reward its operator's bandit arm received."""
+    prob = make_problem(seeds=(GENERALIST, SPECIALIST))
+    cfg = EngineConfig(islands=1, case_champions=1.0, champion_reward=champion_reward, new_cell_bonus=0.0)
+    with Engine(prob, str(tmp_path / name), config=cfg, seed=1) as eng:
+        for c in eng.ask(2):
+            eng.tell(c.id, OUTCOMES[c.genome.id])
+        (child,) = eng.ask(1)
+        before = {n: a.reward for n, a in eng.bandit.arms.items()}
+        eng.tell(child.id, _evaluation(0.1, 6.0, 7.0))  # 7 ms beats the specialist's 8 on the long case
+        assert eng._champions["N=65536:float32"] == (7.0, child.genome.id)
+        arm = eng.bandit.arms[child.operator]
+        cost = eng._ops[child.operator].cost_weight  # the arm sums reward per unit cost
+        return (arm.reward - before[child.operator] * cfg.bandit_discount) * cost, child.operator
+
+
+def test_a_new_case_record_rewards_its_operator(tmp_path: Path) -> None:
+    gained, op = _reward_after_a_case_record(tmp_path, "on", 0.5)
+    assert gained == pytest.approx(0.5 * 1 / 2)  # one of the two timed cases taken over
+    none, _ = _reward_after_a_case_record(tmp_path, "off", 0.0)
+    assert none == pytest.approx(0.0)  # its fitness fell: nothing else to reward
+    with pytest.raises(ValueError, match="champion_reward=-1"):
+        EngineConfig(champion_reward=-1.0)
