@@ -229,6 +229,8 @@ def fwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mappi
         if rows:
             shared = _p(params, "PIPE") * rows * pipe_slice_bytes(params, case)
             groups = -(-m // rows)
+    elif stage == 4:
+        groups = -(-m // (rpc * _p(params, "TILE_ROWS")))
     if k > 0:
         groups = min(groups, max(1, k * _sm_count(device) // cluster))
     return Launch(grid=(groups * cluster, 1, 1), block=(threads, 1, 1), shared_mem=shared,
@@ -295,8 +297,18 @@ def _c_occupancy(p: Mapping[str, Any]) -> bool:
     occ = int(p["OCCUPANCY"])
     if occ == 0:
         return True
-    small_tile = int(p["STAGE"]) == 3 or int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) <= 32
+    small_tile = int(p["STAGE"]) in (3, 4) or int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) <= 32
     return occ * int(p["THREADS"]) <= 1024 and small_tile
+
+
+def _c_row_tile(p: Mapping[str, Any]) -> bool:
+    if int(p["STAGE"]) != 4:
+        return True
+    if int(p["CLUSTER"]) != 1 or int(p["TPR"]) > 32:
+        return False
+    tile = int(p["TILE_ROWS"]) * int(p["MAX_VECS"]) * int(p["VEC_BYTES"])
+    budget = min(255, 65536 // (max(int(p["OCCUPANCY"]), 1) * int(p["THREADS"])))
+    return tile * 3 // 8 + 40 <= budget
 
 
 def forward_param_space() -> ParamSpace:
@@ -308,7 +320,7 @@ def forward_param_space() -> ParamSpace:
             "VEC_BYTES": Choice([4, 8, 16]),
             "LOAD_HINT": Choice([0, 1, 2, 3]),
             "STORE_HINT": Choice([0, 1, 2]),
-            "STAGE": Choice([0, 1, 2, 3]),
+            "STAGE": Choice([0, 1, 2, 3, 4]),
             "MAX_VECS": Choice([1, 2, 4, 8, 16]),
             "CLUSTER": Choice([1, 2, 4, 8, 16]),
             "PERSISTENT": Choice([0, 1, 2, 4, 8]),
@@ -328,6 +340,9 @@ def forward_param_space() -> ParamSpace:
             Constraint("OCCUPANCY > 0: OCCUPANCY * THREADS <= 1024 (64 registers per thread or more) and, "
                        "outside STAGE 3, MAX_VECS * VEC_BYTES <= 32 (a larger register tile spills at 64)",
                        _c_occupancy),
+            Constraint("STAGE 4: CLUSTER 1, TPR <= 32, and TILE_ROWS * MAX_VECS * VEC_BYTES * 3/8 + 40 registers "
+                       "within 65536 / (max(OCCUPANCY, 1) * THREADS) (at most 255): the row tile without spills",
+                       _c_row_tile),
         ),
     )
 
@@ -336,6 +351,9 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # many short rows, no staging: a warp per row, four rows per CTA, register tile of 4 x 16 B
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 0, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0},
+    # STAGE 4, short rows: a warp per row, 4 rows in flight per warp, 8 CTAs per SM (64 registers)
+    {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 4, "MAX_VECS": 1,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 4, "OCCUPANCY": 8},
     # STAGE 3 (bulk copies into shared memory), short rows: a warp per row, tiles of 8 rows
     {"THREADS": 256, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0},
@@ -406,7 +424,7 @@ def make_forward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtype
         objective="geomean_fraction",
         descriptors=(
             CategoricalAxis("CLUSTER", [1, 2, 4, 8, 16], source="params"),
-            CategoricalAxis("STAGE", [0, 1, 2, 3], source="params"),
+            CategoricalAxis("STAGE", [0, 1, 2, 3, 4], source="params"),
             NumericAxis("registers", 0, 256, 8, source="resources"),
         ),
         seeds=seeds,

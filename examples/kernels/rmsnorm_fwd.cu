@@ -18,12 +18,17 @@
 //                current one is normalised (see PIPE, TILE_ROWS). A chunk that does not fit
 //                the chosen stage falls back to re-reading; STAGE 3 needs 16-byte aligned
 //                x, y and rows (N * elem % 16 == 0) and falls back to STAGE 2 otherwise.
+//                4 row tile in registers, short rows: each group of TPR <= 32 threads loads
+//                TILE_ROWS whole rows at once (every load in flight before the first
+//                reduction) and keeps its weights in registers across rows; rows longer
+//                than TPR * MAX_VECS vectors, or unaligned, take the STAGE 2 path.
 //   MAX_VECS     register tile bound (STAGE 0) or loads issued per batch (STAGE 1, 2, 3;
 //                STAGE 3 without a cluster keeps the batch for the store when the row
 //                slice fits one batch)
 //   PIPE         STAGE 3: shared-memory buffers in the pipeline (tiles in flight + 1)
 //   TILE_ROWS    STAGE 3: rows per tile, upper bound (the launch's dynamic shared memory
-//                sets the actual count: dyn / (PIPE * row slice bytes))
+//                sets the actual count: dyn / (PIPE * row slice bytes)); STAGE 4: rows each
+//                thread group holds in registers at once
 //   CLUSTER      CTAs per thread-block cluster sharing one row (1 = no cluster); partial sums
 //                are combined through distributed shared memory (mapa + ld.shared::cluster)
 //   PERSISTENT   launch-only knob (grid = k * SM count); the kernel always strides over rows
@@ -87,8 +92,11 @@
 #if MAX_VECS < 1
 #error "MAX_VECS must be >= 1"
 #endif
-#if STAGE < 0 || STAGE > 3
-#error "STAGE must be 0..3"
+#if STAGE < 0 || STAGE > 4
+#error "STAGE must be 0..4"
+#endif
+#if STAGE == 4 && (CLUSTER != 1 || TPR > 32)
+#error "STAGE 4 needs CLUSTER == 1 and TPR <= 32 (a row reduced by shuffles alone)"
 #endif
 #if PIPE < 1 || PIPE > 8
 #error "PIPE must be in [1, 8]"
@@ -473,6 +481,100 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
 #endif
 }
 
+// ----------------------------------------------------------------------------- STAGE 4 row tile
+
+#if STAGE == 4
+// Group r of a CTA (TPR threads, TPR <= 32) owns rows base + r * TILE_ROWS + j, j < TILE_ROWS,
+// of each CTA step; all of them are loaded before any is reduced, so a thread has
+// TILE_ROWS * nmine vectors in flight. A thread's columns are the same in every row, so its
+// weights are loaded once (kept in registers when they fit 16 floats).
+template <int DT>
+__device__ __forceinline__ void rmsnorm_rowtile(const void* __restrict__ x, const float* __restrict__ w,
+                                                void* __restrict__ y, int M, int N, float eps, float* red,
+                                                float* clp, unsigned char* buf) {
+    constexpr int ESZ = ES<DT>::value;
+    constexpr int E = VEC_BYTES / ESZ;
+    constexpr bool WCACHE = MAX_VECS * E <= 16;
+    const int tid = threadIdx.x;
+    const int r = tid / TPR;
+    const int t = tid % TPR;
+    const long long row_bytes = static_cast<long long>(N) * ESZ;
+    const bool aligned =
+        ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) % VEC_BYTES) == 0;
+    const long long nvl = row_bytes / VEC_BYTES;
+    if (!aligned || row_bytes % VEC_BYTES != 0 || nvl > static_cast<long long>(TPR) * MAX_VECS) {  // uniform
+        rmsnorm_rows<DT, 2, 1>(x, w, y, M, N, eps, red, clp, reinterpret_cast<Vec*>(buf));
+        return;
+    }
+    const int nv = static_cast<int>(nvl);
+    const int nmine = t < nv ? (nv - 1 - t) / TPR + 1 : 0;  // <= MAX_VECS
+    const float inv_n = __frcp_rn(static_cast<float>(N));
+    unsigned long long pol = 0;
+#if LOAD_HINT == 3
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    float wr[WCACHE ? MAX_VECS : 1][WCACHE ? E : 1];
+    if (WCACHE) {
+#pragma unroll
+        for (int k = 0; k < MAX_VECS; ++k)
+            if (k < nmine) load_w<E>(w + (k * TPR + t) * E, wr[k]);
+    }
+    const long long step_rows = static_cast<long long>(RPC) * TILE_ROWS;
+    for (long long base = blockIdx.x * step_rows; base < M; base += static_cast<long long>(gridDim.x) * step_rows) {
+        const long long row0 = base + static_cast<long long>(r) * TILE_ROWS;
+        Vec v[TILE_ROWS][MAX_VECS];
+        float acc[TILE_ROWS];
+#pragma unroll
+        for (int j = 0; j < TILE_ROWS; ++j) {
+            const char* xr = static_cast<const char*>(x) + (row0 + j) * row_bytes;
+#pragma unroll
+            for (int k = 0; k < MAX_VECS; ++k)
+                if (row0 + j < M && k < nmine) ld_vec(v[j][k], xr + (k * TPR + t) * VEC_BYTES, pol);
+        }
+#pragma unroll
+        for (int j = 0; j < TILE_ROWS; ++j) {
+            acc[j] = 0.f;
+#pragma unroll
+            for (int k = 0; k < MAX_VECS; ++k)
+                if (row0 + j < M && k < nmine) acc[j] += sumsq<DT>(v[j][k]);
+        }
+#pragma unroll
+        for (int off = TPR / 2; off > 0; off >>= 1) {
+#pragma unroll
+            for (int j = 0; j < TILE_ROWS; ++j) acc[j] += shfl_bfly(acc[j], off);
+        }
+#pragma unroll
+        for (int j = 0; j < TILE_ROWS; ++j) {
+            if (row0 + j >= M) continue;
+            const float ms = fmaf(acc[j], inv_n, eps);
+            float rstd;
+#if RSQRT_APPROX
+            asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rstd) : "f"(ms));
+#else
+            rstd = 1.0f / sqrtf(ms);
+#endif
+            char* yr = static_cast<char*>(y) + (row0 + j) * row_bytes;
+#pragma unroll
+            for (int k = 0; k < MAX_VECS; ++k) {
+                if (k < nmine) {
+                    if (WCACHE) {
+                        float f[E];
+                        unpack<DT>(v[j][k], f);
+#pragma unroll
+                        for (int i = 0; i < E; ++i) f[i] = (f[i] * rstd) * wr[WCACHE ? k : 0][WCACHE ? i : 0];
+                        Vec o;
+                        pack<DT>(o, f);
+                        st_vec(yr + (k * TPR + t) * VEC_BYTES, o);
+                    } else {
+                        norm_store<DT>(v[j][k], w + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
 // ----------------------------------------------------------------------------- STAGE 3 pipeline
 
 #if STAGE == 3
@@ -715,6 +817,13 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
         rmsnorm_pipe<1>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
     else
         rmsnorm_pipe<2>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
+#elif STAGE == 4
+    if (dtype_code == 0)
+        rmsnorm_rowtile<0>(x, w, y, M, N, eps, red, clp, dsmem);
+    else if (dtype_code == 1)
+        rmsnorm_rowtile<1>(x, w, y, M, N, eps, red, clp, dsmem);
+    else
+        rmsnorm_rowtile<2>(x, w, y, M, N, eps, red, clp, dsmem);
 #else
     Vec* dstage = reinterpret_cast<Vec*>(dsmem);
     if (dtype_code == 0)

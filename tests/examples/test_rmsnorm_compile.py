@@ -40,6 +40,10 @@ def _corner_cases() -> list[dict]:
     out.append(dict(base, THREADS=128, TPR=32, MAX_VECS=2, VEC_BYTES=16, STAGE=0, OCCUPANCY=8))
     out.append(dict(base, THREADS=256, TPR=256, MAX_VECS=4, VEC_BYTES=16, STAGE=3, OCCUPANCY=4, PIPE=2,
                     TILE_ROWS=2))
+    # STAGE 4 at the edge of its register rule
+    out.append(dict(base, THREADS=128, TPR=32, MAX_VECS=1, VEC_BYTES=16, STAGE=4, TILE_ROWS=4, OCCUPANCY=8))
+    out.append(dict(base, THREADS=256, TPR=32, MAX_VECS=4, VEC_BYTES=16, STAGE=4, TILE_ROWS=4, OCCUPANCY=0))
+    out.append(dict(base, THREADS=128, TPR=32, MAX_VECS=2, VEC_BYTES=16, STAGE=4, TILE_ROWS=8, OCCUPANCY=0))
     return out
 
 

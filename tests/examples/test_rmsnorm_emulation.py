@@ -171,3 +171,58 @@ def test_pipeline_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -
         y, writes = emulate_pipe(x, w, p, esz, *offs)
         assert (writes == 1).all(), f"shape {m}x{n}: columns written {np.unique(writes)} times"
         np.testing.assert_allclose(y, rmsnorm_numpy(x, w), rtol=1e-12, atol=1e-12)
+
+
+def emulate_rowtile(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_off: int = 0,
+                    eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+    """STAGE 4: groups of TPR threads, TILE_ROWS rows each per CTA step, vectors k * TPR + t."""
+    m, n = x.shape
+    vb, tpr, threads, rows_t, mv = p["VEC_BYTES"], p["TPR"], p["THREADS"], p["TILE_ROWS"], p["MAX_VECS"]
+    row_bytes = n * esz
+    nv = row_bytes // vb
+    if (x_off | y_off) % vb or row_bytes % vb or nv > tpr * mv:
+        return emulate(x, w, dict(p, STAGE=2), esz, x_off, y_off, eps)  # the kernel's fallback
+    launch = fwd_launch(p, Case({"M": m, "N": n}, {4: "float32", 2: "bfloat16"}[esz]), None)
+    grid, rpc, e = launch.grid[0], threads // tpr, vb // esz
+    step = rpc * rows_t
+    y = np.full((m, n), np.nan)
+    writes = np.zeros((m, n), dtype=int)
+    for b in range(grid):
+        for base in range(b * step, m, grid * step):
+            for r in range(rpc):
+                for j in range(rows_t):
+                    row = base + r * rows_t + j
+                    if row >= m:
+                        continue
+                    cols = [c for t in range(tpr) for k in range(mv) if k * tpr + t < nv
+                            for c in range((k * tpr + t) * e, (k * tpr + t + 1) * e)]
+                    cols_a = np.array(cols, dtype=int)
+                    rstd = 1.0 / np.sqrt((x[row, cols_a] ** 2).sum() / n + eps)
+                    y[row, cols_a] = x[row, cols_a] * rstd * w[cols_a]
+                    np.add.at(writes[row], cols_a, 1)
+    return y, writes
+
+
+ROWTILE_CONFIGS = [
+    {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "CLUSTER": 1, "PERSISTENT": 0, "STAGE": 4, "MAX_VECS": 1,
+     "TILE_ROWS": 4},
+    {"THREADS": 64, "TPR": 8, "VEC_BYTES": 8, "CLUSTER": 1, "PERSISTENT": 2, "STAGE": 4, "MAX_VECS": 2,
+     "TILE_ROWS": 3},
+    {"THREADS": 32, "TPR": 4, "VEC_BYTES": 4, "CLUSTER": 1, "PERSISTENT": 1, "STAGE": 4, "MAX_VECS": 4,
+     "TILE_ROWS": 2},
+]
+ROWTILE_SHAPES = [(1, 8), (3, 16), (9, 256), (37, 64), (5, 40), (2, 1000), (4, 1032), (70, 32)]
+
+
+@pytest.mark.parametrize("p", ROWTILE_CONFIGS, ids=lambda p: "-".join(f"{v}" for v in p.values()))
+@pytest.mark.parametrize("esz", [2, 4])
+@pytest.mark.parametrize("offs", [(0, 0), (4, 4)])
+def test_rowtile_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -> None:
+    """STAGE 4 (and its fallback for long, unaligned or odd rows): each element once, right value."""
+    rng = np.random.default_rng(2)
+    for m, n in ROWTILE_SHAPES:
+        x = rng.standard_normal((m, n))
+        w = rng.standard_normal(n)
+        y, writes = emulate_rowtile(x, w, p, esz, *offs)
+        assert (writes == 1).all(), f"shape {m}x{n}: columns written {np.unique(writes)} times"
+        np.testing.assert_allclose(y, rmsnorm_numpy(x, w), rtol=1e-12, atol=1e-12)

@@ -116,6 +116,19 @@ def test_forward_pipeline_sampled(cuda_device) -> None:
         done += 1
 
 
+def test_forward_rowtile_sampled(cuda_device) -> None:
+    """STAGE 4 over sampled knobs: short rows in registers, and the fallback for long or odd rows."""
+    prob = make_forward_problem()
+    rng = np.random.default_rng(9)
+    done = 0
+    while done < 16:
+        p = prob.params.sample(rng)
+        if p["STAGE"] != 4:
+            continue
+        _check(prob, prob.seeds[0].with_params(**p), PIPE_SHAPES[:3] + [{"M": 70, "N": 256}] + SMALL[1:4])
+        done += 1
+
+
 def test_forward_timed_shape_sample(cuda_device) -> None:
     prob = make_forward_problem()
     _check(prob, prob.seeds[1], [{"M": 32768, "N": 4096}, {"M": 8192, "N": 262144}])

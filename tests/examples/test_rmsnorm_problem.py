@@ -96,6 +96,8 @@ def test_launch_covers_every_row(dtype: str) -> None:
             if p["STAGE"] == 3 and L.shared_mem:  # the kernel's unit is a tile of rows
                 rpc = pipe_rows(p, case)
                 assert L.shared_mem == p["PIPE"] * rpc * pipe_slice_bytes(p, case)
+            if p["STAGE"] == 4:  # each group holds TILE_ROWS rows per CTA step
+                rpc *= p["TILE_ROWS"]
             groups = L.grid[0] // p["CLUSTER"]
             assert L.grid[0] % p["CLUSTER"] == 0 and L.block == (p["THREADS"], 1, 1)
             assert groups >= 1 and groups * rpc <= max(shape["M"], rpc) + rpc - 1
