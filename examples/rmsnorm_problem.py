@@ -351,9 +351,6 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # many short rows, no staging: a warp per row, four rows per CTA, register tile of 4 x 16 B
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 0, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0},
-    # STAGE 4, short rows: a warp per row, 4 rows in flight per warp, 8 CTAs per SM (64 registers)
-    {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 4, "MAX_VECS": 1,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 4, "OCCUPANCY": 8},
     # STAGE 3 (bulk copies into shared memory), short rows: a warp per row, tiles of 8 rows
     {"THREADS": 256, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0},
