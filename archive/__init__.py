@@ -11,13 +11,14 @@ API index:
     :class:`Lessons`        append-only lessons
     :class:`Store`, :class:`Txn`, :class:`LMDBStore`, :class:`MemoryStore`   storage seam
     :data:`DURABILITY`      what ``durability="full"`` (default) and ``"process"`` guarantee
+    :data:`ARCHIVE_SCHEMA_VERSION`   the layout new archives get (2: shared sources stored once)
     Errors: :class:`ArchiveError` > :class:`NotAnArchiveError`, :class:`SchemaVersionError`,
         :class:`CorruptArchiveError`, :class:`HeaderMismatchError`, :class:`InvalidRecordError`,
         :class:`ReadOnlyArchiveError`, :class:`TransactionConflict`
     :mod:`archive.testing`  :class:`StoreContract`, a test suite for any Store
 """
 
-from archive._archive import FORMAT, AddResult, AddStatus, Archive, fork_archive
+from archive._archive import ARCHIVE_SCHEMA_VERSION, FORMAT, AddResult, AddStatus, Archive, fork_archive
 from archive._errors import (
     ArchiveError,
     CorruptArchiveError,
@@ -34,6 +35,7 @@ from archive._lmdb import DEFAULT_MAP_SIZE, DEFAULT_SYNC_INTERVAL, DURABILITY, D
 from archive._store import MemoryStore, Store, Txn
 
 __all__ = [
+    "ARCHIVE_SCHEMA_VERSION",
     "DEFAULT_MAP_SIZE",
     "DEFAULT_SYNC_INTERVAL",
     "DURABILITY",

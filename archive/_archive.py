@@ -7,7 +7,9 @@ Layout (sub-database: key -> value)::
              b"next_lesson_seq"  -> big-endian u64
              b"count/<status>"   -> big-endian u64, records per Status
              b"min_fitness"      -> big-endian f64, lowest finite fitness of any OK record
-    records  genome id (ascii)   -> codec.dumps(Record)
+    records  genome id (ascii)   -> codec.dumps(Record), the source inline; or, from schema 2 on,
+                                    pack_raw(the same payload with the genome's "source" replaced by
+                                    "source_of": the id of an earlier record that holds that source)
     index    b"s" + u64 seq      -> genome id + b"\\0" + status   (records in seq order)
     cells    b"c" + u32 per axis -> pack_raw([elite id, fitness, seq])
     lineage  parent id + b"/" + child id -> operator name (utf-8)
@@ -18,6 +20,16 @@ Every add is one transaction: the record, its index entry, its lineage edges, th
 counters and (if it wins) its cell are written together or not at all, so a process
 killed at any instant leaves either the whole record or nothing.
 
+Shared sources (schema 2): a record whose genome shares its source with a record this
+archive object wrote or read (a parameter variant: ``Genome(parent.source, params)``
+passes the parent's very ``str``) stores a reference to that record instead of a copy of
+the source. The record referred to always holds the source itself and is committed
+before, or in the same transaction as, the record that refers to it; records are never
+deleted, so a reference never dangles. :meth:`Archive.get` and every other read return
+the full genome. Archives of schema 1 (written before) open, read and take new records
+as before, with every source inline, so older libraries can still read them; a library
+older than schema 2 refuses a schema-2 archive with :class:`SchemaVersionError`.
+
 QD score: ``sum(fitness - min_fitness + 1)`` over the elites, where ``min_fitness`` is the
 lowest finite fitness of any OK record ever added, so every elite contributes at least 1
 and the score is positive and grows with coverage and with fitness (the offset plays the
@@ -26,6 +38,7 @@ role of pyribs' ``qd_score_offset``, chosen from the data).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -58,11 +71,17 @@ from evo.codec import SCHEMA_VERSION, CodecError, dumps, loads, pack_raw, unpack
 from evo.space import CategoricalAxis, NumericAxis, SpaceError
 from evo.types import DeviceInfo, Problem, Record, Status
 
-__all__ = ["FORMAT", "AddResult", "AddStatus", "Archive", "fork_archive"]
+__all__ = ["ARCHIVE_SCHEMA_VERSION", "FORMAT", "AddResult", "AddStatus", "Archive", "fork_archive"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = "ptx-kernel-factory-archive"
+#: Layout version written in new archives' headers (``header["schema_version"]``): 1, every
+#: record holds its source; 2, records may refer to another record's source (module docstring).
+#: Stored values stay codec envelopes of :data:`evo.codec.SCHEMA_VERSION`.
+ARCHIVE_SCHEMA_VERSION = 2
+_SHARE_MIN = 512  # sources shorter than this (characters) are always stored inline
+_SOURCES_MAX = 4096  # sources remembered for sharing (a bounded map, cleared when full)
 _META = b"meta"
 _NEXT_SEQ = b"next_seq"
 _MIN_FIT = b"min_fitness"
@@ -115,6 +134,9 @@ def _result(status: AddStatus, record: Record, previous: Record | None, duplicat
     res = object.__new__(AddResult)
     res.__dict__.update(status=status, record=record, previous=previous, duplicate=duplicate)
     return res
+
+
+_STATUS_TAIL = {s: b"\0" + s.value.encode() for s in Status}  # index value: genome id + this
 
 
 def _cell_key(cell: tuple[int, ...]) -> bytes:
@@ -199,6 +221,32 @@ def _placer(problem: Problem) -> Any:
     return place
 
 
+class _Sources:
+    """Which record holds each recently seen source inline: the map behind shared sources.
+
+    Keyed by the identity of the source ``str``: a parameter variant made with
+    ``Genome(parent.source, params)`` passes its parent's very string, so a lookup costs no
+    hashing of 8 KB of text; an equal source in another ``str`` object is merely stored
+    again. Only records known to hold the source inline and to be committed (read from the
+    store, or written by a committed transaction) are entered. Bounded: when full, the older
+    half of the entries is dropped (a later variant of a dropped source stores it again).
+    """
+
+    __slots__ = ("by_obj", "by_carrier")
+
+    def __init__(self) -> None:
+        self.by_obj: dict[int, tuple[str, str]] = {}  # id(source) -> (source, id of the record holding it)
+        self.by_carrier: dict[str, str] = {}  # id of a record holding its source inline -> that source
+
+    def add(self, source: str, carrier: str) -> None:
+        for table in (self.by_obj, self.by_carrier):
+            if len(table) >= _SOURCES_MAX:
+                for key in list(itertools.islice(table, len(table) // 2)):  # the oldest entries
+                    table.pop(key, None)
+        self.by_obj[id(source)] = (source, carrier)  # the reference to source keeps its id unique
+        self.by_carrier[carrier] = source
+
+
 def _library_version() -> str:
     try:
         from importlib.metadata import version
@@ -262,7 +310,7 @@ def decode_header(raw: bytes, where: str) -> dict[str, Any]:
     if isinstance(env, list) and env and isinstance(env[0], int) and env[0] > SCHEMA_VERSION:
         raise SchemaVersionError(
             f"{where} was written with schema version {env[0]}, newer than this library's {SCHEMA_VERSION}: "
-            "upgrade ptx-kernel-factory to open it")
+            "upgrade ptx-kernel-factory to open it")  # (an envelope from a newer codec)
     try:
         header = unpack_raw(raw)
     except CodecError as e:
@@ -272,10 +320,10 @@ def decode_header(raw: bytes, where: str) -> dict[str, Any]:
     version = header.get("schema_version")
     if not isinstance(version, int):
         raise CorruptArchiveError(f"{where}: the archive header has no schema version")
-    if version > SCHEMA_VERSION:
+    if version > ARCHIVE_SCHEMA_VERSION:
         raise SchemaVersionError(
-            f"{where} was written with schema version {version}, newer than this library's {SCHEMA_VERSION}: "
-            "upgrade ptx-kernel-factory to open it")
+            f"{where} was written with schema version {version}, newer than this library's "
+            f"{ARCHIVE_SCHEMA_VERSION}: upgrade ptx-kernel-factory to open it")
     return header
 
 
@@ -371,6 +419,8 @@ class Archive:
         self._elite_list: list[tuple[str, float, int]] | None = None
         self._token: int | None = None
         self._cache: dict[str, Record] = {}
+        self._sources = _Sources()
+        self._share = False  # write source references (schema 2; set from the header)
         self.lessons = Lessons(store, readonly=readonly, where=self._where)
 
     def _open_header(self, force: bool) -> None:
@@ -383,7 +433,7 @@ class Archive:
                     raise NotAnArchiveError(f"{self._where} holds data but no archive header; pass another path")
                 header = {
                     "format": FORMAT,
-                    "schema_version": SCHEMA_VERSION,
+                    "schema_version": ARCHIVE_SCHEMA_VERSION,
                     "problem_fingerprint": problem.fingerprint(),
                     "problem": problem.describe(),
                     "device": None,
@@ -394,6 +444,7 @@ class Archive:
                 txn.put("header", _META, pack_raw(header))
                 txn.put("header", _NEXT_SEQ, _u64(0))
                 self._header = header
+                self._share = True
                 return
             header = decode_header(raw, self._where)
             if header.get("problem_fingerprint") != problem.fingerprint():
@@ -415,6 +466,8 @@ class Archive:
                 header["problem"] = problem.describe()
                 txn.put("header", _META, pack_raw(header))
             self._header = header
+            # a schema-1 archive keeps every source inline, so that older libraries can still read it
+            self._share = header["schema_version"] >= 2
 
     # -- header, device ---------------------------------------------------------------
 
@@ -489,15 +542,18 @@ class Archive:
         fields["descriptors"] = values
         return rec
 
-    def _insert_all(self, txn: Txn, prepared: list[Record], seq0: int,
-                    ) -> tuple[list[tuple[AddResult, tuple[Any, ...] | None]], int, dict[str, int], float | None]:
+    def _insert_all(self, txn: Txn, prepared: list[Record], seq0: int) -> tuple[
+            list[AddResult], list[tuple[Any, ...]], int, dict[str, int], float | None, list[tuple[str, str]]]:
         """Write a batch inside ``txn``: what the grid does with each record, in input order.
 
         Reads first (one duplicate lookup for the whole batch, one lookup per cell touched),
         then decides every record in order in memory, then writes each sub-database in one
-        call; the stored result is the same as adding the records one by one.
+        call; the stored result is the same as adding the records one by one. Returns the
+        results, the cell changes ``(cell, id, fitness, seq, record)``, the next seq, the
+        count per status, the lowest finite OK fitness and the sources this batch stored
+        inline (to remember once the transaction has committed).
         """
-        keys = [rec.genome._id.encode("ascii") for rec in prepared]  # type: ignore[attr-defined]
+        keys = [rec.genome._id.encode() for rec in prepared]  # type: ignore[attr-defined]
         stored = txn.get_many("records", keys)
         batch: dict[bytes, Record] = {}
         cells: dict[tuple[int, ...], tuple[str, float] | None] = {}
@@ -508,42 +564,62 @@ class Archive:
         counts: dict[str, int] = {}
         low: float | None = None
         seq = seq0
-        out: list[tuple[AddResult, tuple[Any, ...] | None]] = []
-        append = out.append
+        results: list[AddResult] = []
+        changes: list[tuple[Any, ...]] = []
+        share = self._share
+        known = self._sources.by_obj
+        fresh: dict[int, tuple[str, str]] = {}  # sources stored inline by this batch: id(source) -> (source, id)
         pack_seq = _U64.pack
         encode = dumps
         isfinite = math.isfinite
         new_result = _result
+        tails = _STATUS_TAIL
         not_added, improved, new = AddStatus.NOT_ADDED, AddStatus.IMPROVED, AddStatus.NEW
         for rec, key, existing in zip(prepared, keys, stored, strict=True):
             if key in batch:
-                append((new_result(not_added, batch[key], None, True), None))
+                results.append(new_result(not_added, batch[key], None, True))
                 continue
             if existing is not None:
-                append((new_result(not_added, self._decode(existing), None, True), None))
+                results.append(new_result(not_added, self._decode(existing, txn), None, True))
                 continue
             fields = rec.__dict__
             fields["seq"] = seq  # rec is the private copy made by _prepare
             try:
-                data = encode(rec)
+                if share:
+                    genome = fields["genome"]
+                    source = genome.source
+                    if len(source) >= _SHARE_MIN:
+                        hit = fresh.get(id(source)) or known.get(id(source))
+                        if hit is not None and hit[0] is source:
+                            data = pack_raw(rec._payload({  # type: ignore[attr-defined]
+                                "source_of": hit[1], "params": genome._plain_params(), "entry": genome.entry,
+                                "language": genome.language, "id": genome._id}))
+                        else:
+                            fresh[id(source)] = (source, genome._id)
+                            data = encode(rec)
+                    else:
+                        data = encode(rec)
+                else:
+                    data = encode(rec)
             except CodecError as e:
                 raise InvalidRecordError(f"record {rec.id[:12]} cannot be encoded: {e}; nothing was written") \
                     from None
             batch[key] = rec
             rec_items.append((key, data))
-            status = fields["evaluation"].status._value_
-            index_items.append((b"s" + pack_seq(seq), key + b"\0" + status.encode()))
+            status = fields["evaluation"].status
+            index_items.append((b"s" + pack_seq(seq), key + tails[status]))
             parents = fields["parents"]
             if parents:
                 op = fields["operator"].encode()
                 for parent in parents:
                     lineage_items.append((str(parent).encode() + b"/" + key, op))
+            status = status._value_
             counts[status] = counts.get(status, 0) + 1
             this_seq = seq
             seq += 1
             cell = fields["cell"]
             if cell is None:
-                append((new_result(not_added, rec, None, False), None))
+                results.append(new_result(not_added, rec, None, False))
                 continue
             fit = float(fields["evaluation"].fitness)
             if isfinite(fit) and (low is None or fit < low):
@@ -565,16 +641,16 @@ class Archive:
                 prev = batch.get(ckey) or self._cache.get(cid)
                 if prev is None:
                     prev_raw = txn.get("records", ckey)
-                    prev = self._decode(prev_raw) if prev_raw is not None else None
+                    prev = self._decode(prev_raw, txn) if prev_raw is not None else None
                 previous = prev
                 if not fit > cfit:
-                    append((new_result(not_added, rec, previous, False), None))
+                    results.append(new_result(not_added, rec, previous, False))
                     continue
             gid = key.decode()
             cells[cell] = (gid, fit)
             winners[cell] = (gid, fit, this_seq)
-            append((new_result(improved if cur is not None else new, rec, previous, False),
-                    (cell, gid, fit, this_seq)))
+            results.append(new_result(improved if cur is not None else new, rec, previous, False))
+            changes.append((cell, gid, fit, this_seq, rec))
         if rec_items:
             rec_items.sort()
             txn.put_many("records", rec_items)
@@ -584,14 +660,14 @@ class Archive:
                 txn.put_many("lineage", lineage_items)
             if winners:
                 txn.put_many("cells", sorted((_cell_key(c), pack_raw(list(w))) for c, w in winners.items()))
-        return out, seq, counts, low
+        return results, changes, seq, counts, low, list(fresh.values())
 
     def _write_batch(self, prepared: list[Record]) -> list[AddResult]:
         for attempt in range(_RETRIES):
             try:
                 with self._store.transaction() as txn:
                     seq0 = _read_u64(txn.get("header", _NEXT_SEQ))
-                    out, seq, counts, low = self._insert_all(txn, prepared, seq0)
+                    results, changes, seq, counts, low, fresh = self._insert_all(txn, prepared, seq0)
                     if seq != seq0:
                         txn.put("header", _NEXT_SEQ, _u64(seq))
                         for status, n in counts.items():
@@ -605,20 +681,23 @@ class Archive:
             except TransactionConflict:
                 if attempt == _RETRIES - 1:
                     raise
+        # committed: later records may refer to the sources this batch stored
+        add_source = self._sources.add
+        for source, carrier in fresh:
+            add_source(source, carrier)
         # keep the in-memory elite index in step when nobody else wrote in between
         if self._token == seq0:
-            for _, change in out:
-                if change is not None:
-                    cell, gid, fit, seq_ = change
-                    self._elites[cell] = (gid, fit, seq_)
-                    self._elite_list = None
+            if changes:
+                elites = self._elites
+                for cell, gid, fit, seq_, _ in changes:
+                    elites[cell] = (gid, fit, seq_)
+                self._elite_list = None
             self._token = seq
         else:
             self._token = None
-        for res, change in out:
-            if change is not None:
-                self._remember(res.record)
-        return [res for res, _ in out]
+        for change in changes:
+            self._remember(change[4])
+        return results
 
     def add(self, record: Record) -> AddResult:
         """Store a record (failures too) and place it in the grid if it is OK and wins its cell.
@@ -668,14 +747,43 @@ class Archive:
             return SchemaVersionError(f"{self._where}: {e}")
         return CorruptArchiveError(f"{self._where}: {what} ({e})")
 
-    def _decode(self, raw: bytes) -> Record:
+    def _decode(self, raw: bytes, txn: Txn | None = None) -> Record:
+        """A stored record, its source fetched when it refers to another record's (``txn``: read through it)."""
         try:
             rec = loads(raw)
         except CodecError as e:
             raise self._decode_error(e, "a stored record cannot be decoded") from None
-        if not isinstance(rec, Record):
+        if type(rec) is Record:
+            source = rec.genome.source
+            if len(source) >= _SHARE_MIN:
+                self._sources.add(source, rec.genome._id)  # type: ignore[attr-defined]
+            return rec
+        genome = rec.get("genome") if isinstance(rec, dict) else None
+        carrier = genome.get("source_of") if isinstance(genome, dict) else None
+        if not isinstance(carrier, str):
             raise CorruptArchiveError(f"{self._where}: the records table holds a {type(rec).__name__}")
-        return rec
+        source = self._sources.by_carrier.get(carrier)
+        if source is None:
+            key = carrier.encode()
+            held = txn.get("records", key) if txn is not None else self._store.get("records", key)
+            try:
+                held_rec = loads(held) if held is not None else None
+            except CodecError as e:
+                raise self._decode_error(e, f"record {carrier} (holding a shared source) cannot be decoded") \
+                    from None
+            if type(held_rec) is not Record:
+                raise CorruptArchiveError(
+                    f"{self._where}: record {genome.get('id')} takes its source from record {carrier}, which is "
+                    + ("missing" if held is None else "not a record holding its source"))
+            source = held_rec.genome.source
+            self._sources.add(source, carrier)
+        genome = dict(genome)
+        del genome["source_of"]
+        genome["source"] = source
+        try:
+            return Record.from_dict({**rec, "genome": genome})
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptArchiveError(f"{self._where}: a stored record cannot be decoded ({e})") from None
 
     def _remember(self, rec: Record) -> None:
         if len(self._cache) >= _CACHE_MAX:

@@ -1,8 +1,9 @@
 """Shared builders for archive tests, importable from spawned processes.
 
 Run as ``python -m tests.archive.helpers writer PATH SIDEFILE SEED [DURABILITY]`` to start
-the crash-test writer: it adds records forever and appends each id to SIDEFILE (flushed and
-fsynced) only after ``add``/``add_many`` returned.
+the crash-test writer: it adds records forever (half of them parameter variants of recent
+records or of elites written before the last kill, sharing their source) and appends each id
+to SIDEFILE (flushed and fsynced) only after ``add``/``add_many`` returned.
 """
 
 from __future__ import annotations
@@ -48,6 +49,21 @@ def make_record(i: int, *, variant: str = "a", registers: Any = 32, fitness: flo
     return Record(g, ev, parents=parents, operator=operator, meta={"sha": sha})
 
 
+def make_variant(rec: Record, threads: int, *, variant: str | None = None, fitness: float | None = None,
+                 registers: Any = None, status: Status = Status.OK, operator: str = "params") -> Record:
+    """A parameter variant of ``rec``: the very same source ``str`` with other params (shared source)."""
+    g = rec.genome
+    params = {"variant": variant or g.params["variant"], "threads": threads}
+    child = Genome(g.source, params, g.entry, g.language)
+    if status is Status.OK:
+        regs = registers if registers is not None else rec.evaluation.resources.get("registers", 32)
+        ev = Evaluation(Status.OK, fitness=float(threads) if fitness is None else fitness,
+                        metrics={"cases": {"N=1:float32": {"time_ms": 1.0 / threads}}}, resources={"registers": regs})
+    else:
+        ev = Evaluation.failure(status, f"variant {threads} failed")
+    return Record(child, ev, parents=(rec.id,), operator=operator, meta=dict(rec.meta))
+
+
 def check_record(rec: Record) -> None:
     """Raise AssertionError if the stored source does not match its checksum."""
     assert hashlib.sha256(rec.genome.source.encode()).hexdigest() == rec.meta["sha"], rec.id
@@ -62,12 +78,24 @@ def writer(path: str, side: str, seed: int, durability: str = "full") -> None:  
     print("ready", flush=True)
     fd = os.open(side, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     i = seed * 1_000_000
+    recent: list[Record] = []
+    for rec in ar.sample_elites(4, rng):  # parents from earlier runs: their sources are shared too
+        recent.append(rec)
     while True:
         k = int(rng.integers(1, 6))
-        recs = [make_record(i + j, variant=("a", "b")[int(rng.integers(2))], registers=int(rng.integers(0, 256)),
-                            fitness=float(rng.random()), size=int(rng.integers(100, 3000)),
-                            status=Status.OK if rng.random() < 0.8 else Status.COMPILE_ERROR)
-                for j in range(k)]
+        recs = []
+        for j in range(k):
+            if recent and rng.random() < 0.5:  # a parameter variant: shares its parent's source
+                parent = recent[int(rng.integers(len(recent)))]
+                recs.append(make_variant(parent, int(rng.integers(32, 1 << 20)), variant=("a", "b")[int(rng.integers(2))],
+                                         registers=int(rng.integers(0, 256)), fitness=float(rng.random()),
+                                         status=Status.OK if rng.random() < 0.8 else Status.COMPILE_ERROR))
+            else:
+                recs.append(make_record(i + j, variant=("a", "b")[int(rng.integers(2))],
+                                        registers=int(rng.integers(0, 256)), fitness=float(rng.random()),
+                                        size=int(rng.integers(100, 3000)),
+                                        status=Status.OK if rng.random() < 0.8 else Status.COMPILE_ERROR))
+        recent = (recent + recs[-2:])[-8:]
         i += k
         if k == 1:
             ar.add(recs[0])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from evo.types import Status
-from tests.archive.helpers import check_record, make_problem, make_record
+from tests.archive.helpers import check_record, make_problem, make_record, make_variant
 
 N_WORKERS = 4
 OWN = 150
@@ -25,7 +25,9 @@ def _worker(path: str, w: int, map_size: int, durability: str) -> list[tuple[str
                        fitness=float(rng.random()), size=int(rng.integers(200, 4000)),
                        status=Status.OK if i % 5 else Status.INCORRECT) for i in range(OWN)]
     shared = [make_record(i, registers=i, fitness=float(i), size=2000) for i in range(SHARED)]
-    order = own + shared
+    # variants of shared records (the same for every worker): they share their parents' sources
+    variants = [make_variant(shared[i], 64 + i, registers=(3 * i) % 256) for i in range(0, SHARED, 4)]
+    order = own + shared + variants
     rng.shuffle(order)  # type: ignore[arg-type]
     out: list[tuple[str, bool, int]] = []
     i = 0
@@ -57,7 +59,7 @@ def test_processes_add_concurrently(tmp_path: Path, map_size: int, durability: s
     ar = Archive(make_problem(), path)
     records = list(ar.records())
     ids = [r.id for r in records]
-    assert len(ids) == len(set(ids)) == len(ar) == N_WORKERS * OWN + SHARED
+    assert len(ids) == len(set(ids)) == len(ar) == N_WORKERS * OWN + SHARED + len(range(0, SHARED, 4))
     assert sorted(r.seq for r in records) == list(range(len(records)))
     for rec in records:
         check_record(rec)

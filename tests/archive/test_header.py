@@ -10,6 +10,7 @@ import msgpack
 import pytest
 
 from archive import (
+    ARCHIVE_SCHEMA_VERSION,
     Archive,
     ArchiveError,
     CorruptArchiveError,
@@ -38,7 +39,7 @@ def _filled(path: Path, problem: Problem, n: int = 20) -> None:
 def test_header_contents(tmp_path: Path, problem: Problem) -> None:
     with Archive(problem, tmp_path / "a") as ar:
         h = ar.header
-        assert h["schema_version"] == SCHEMA_VERSION and h["problem_fingerprint"] == problem.fingerprint()
+        assert h["schema_version"] == ARCHIVE_SCHEMA_VERSION and h["problem_fingerprint"] == problem.fingerprint()
         assert h["problem"]["name"] == problem.name and h["device"] is None
         assert h["created"] > 0 and h["library_version"]
 
@@ -103,7 +104,7 @@ def test_newer_schema_refused(tmp_path: Path, problem: Problem) -> None:
     with pytest.raises(SchemaVersionError, match="upgrade"):
         Archive(problem, tmp_path / "a")
     s = LMDBStore(tmp_path / "a")
-    s.put("header", b"meta", pack_raw({**header, "schema_version": SCHEMA_VERSION + 5}))
+    s.put("header", b"meta", pack_raw({**header, "schema_version": ARCHIVE_SCHEMA_VERSION + 1}))
     s.close()
     with pytest.raises(SchemaVersionError, match="upgrade"):
         Archive.open_readonly(tmp_path / "a")
