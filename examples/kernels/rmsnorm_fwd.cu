@@ -319,6 +319,37 @@ __device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float 
     st_vec(dst, o);
 }
 
+// 1 / sqrt(ms): rsqrt.approx.ftz.f32 or the precise form (RSQRT_APPROX).
+__device__ __forceinline__ float rsqrt_of(float ms) {
+#if RSQRT_APPROX
+    float r;
+    asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(ms));
+    return r;
+#else
+    return 1.0f / sqrtf(ms);
+#endif
+}
+
+// This CTA's rank in its cluster (0 without one).
+__device__ __forceinline__ unsigned cta_rank() {
+#if CLUSTER > 1
+    unsigned rank;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+    return rank;
+#else
+    return 0;
+#endif
+}
+
+// The L2 cache policy operand of the x loads (LOAD_HINT 3: evict_first; unused otherwise).
+__device__ __forceinline__ unsigned long long load_policy() {
+    unsigned long long pol = 0;
+#if LOAD_HINT == 3
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
 // ----------------------------------------------------------------------------- body
 
 template <int DT, int STG, int MV = MAX_VECS>
@@ -330,19 +361,11 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
     const int tid = threadIdx.x;
     const int r = tid / TPR;
     const int t = tid % TPR;
-#if CLUSTER > 1
-    unsigned rank;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-#else
-    const unsigned rank = 0;
-#endif
+    const unsigned rank = cta_rank();
     const long long groups = gridDim.x / CLUSTER;
     const long long g = blockIdx.x / CLUSTER;
 
-    unsigned long long pol = 0;
-#if LOAD_HINT == 3
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-#endif
+    const unsigned long long pol = load_policy();
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     const int smem_cap = static_cast<int>(dyn / (RPC * VEC_BYTES));  // vectors per row slot
@@ -438,12 +461,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
         }
 #endif
         const float ms = acc / static_cast<float>(N) + eps;
-        float rstd;
-#if RSQRT_APPROX
-        asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rstd) : "f"(ms));
-#else
-        rstd = 1.0f / sqrtf(ms);
-#endif
+        const float rstd = rsqrt_of(ms);
 
         // ---- normalise and store
         if (valid) {
@@ -509,10 +527,7 @@ __device__ __forceinline__ void rmsnorm_rowtile(const void* __restrict__ x, cons
     const int nv = static_cast<int>(nvl);
     const int nmine = t < nv ? (nv - 1 - t) / TPR + 1 : 0;  // <= MAX_VECS
     const float inv_n = __frcp_rn(static_cast<float>(N));
-    unsigned long long pol = 0;
-#if LOAD_HINT == 3
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-#endif
+    const unsigned long long pol = load_policy();
     float wr[WCACHE ? MAX_VECS : 1][WCACHE ? E : 1];
     if (WCACHE) {
 #pragma unroll
@@ -547,12 +562,7 @@ __device__ __forceinline__ void rmsnorm_rowtile(const void* __restrict__ x, cons
         for (int j = 0; j < TILE_ROWS; ++j) {
             if (row0 + j >= M) continue;
             const float ms = fmaf(acc[j], inv_n, eps);
-            float rstd;
-#if RSQRT_APPROX
-            asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rstd) : "f"(ms));
-#else
-            rstd = 1.0f / sqrtf(ms);
-#endif
+            const float rstd = rsqrt_of(ms);
             char* yr = static_cast<char*>(y) + (row0 + j) * row_bytes;
 #pragma unroll
             for (int k = 0; k < MAX_VECS; ++k) {
@@ -650,12 +660,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
     const int tid = threadIdx.x;
     const int r = tid / TPR;
     const int t = tid % TPR;
-#if CLUSTER > 1
-    unsigned rank;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-#else
-    const unsigned rank = 0;
-#endif
+    const unsigned rank = cta_rank();
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     const long long row_bytes = static_cast<long long>(N) * ESZ;
@@ -686,10 +691,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
     char* ys = static_cast<char*>(y) + c0 * 16;
     const float* ws = w + (c0 * 16) / ESZ;
 
-    unsigned long long pol = 0;
-#if LOAD_HINT == 3
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-#endif
+    const unsigned long long pol = load_policy();
 
     if (tid == 0) {
 #pragma unroll
@@ -703,7 +705,9 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
             if (g + s * groups < tiles) issue_tile(xs, g + s * groups, s, M, rows_pt, row_bytes, my_bytes, slice, tile_bytes, buf0, bar0, pol);
     }
 
+#if TPR > 32
     int rc = 0;  // reductions through `red` so far (double-buffered)
+#endif
     int it = 0;
     for (long long tile = g; tile < tiles; tile += groups, ++it) {
         const int s = it % PIPE;
@@ -744,12 +748,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
 #endif
 #if CLUSTER == 1
             const float ms = fmaf(acc, inv_n, eps);
-            float rstd;
-#if RSQRT_APPROX
-            asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rstd) : "f"(ms));
-#else
-            rstd = 1.0f / sqrtf(ms);
-#endif
+            const float rstd = rsqrt_of(ms);
             if (valid) {
                 char* yr = ys + (row0 + rr) * row_bytes;
                 if (nmine <= MAX_VECS) {  // the slice is still in registers
@@ -774,12 +773,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
             const float ms = fmaf(acc, inv_n, eps);
-            float rstd;
-#if RSQRT_APPROX
-            asm("rsqrt.approx.ftz.f32 %0, %1;" : "=f"(rstd) : "f"(ms));
-#else
-            rstd = 1.0f / sqrtf(ms);
-#endif
+            const float rstd = rsqrt_of(ms);
             const Vec* sv = reinterpret_cast<const Vec*>(tb + rr * slice);
             char* yr = ys + (row0 + rr) * row_bytes;
             for (int k = 0; k < nmine; ++k)
