@@ -103,30 +103,27 @@ PIPE_SHAPES = [{"M": 1, "N": 8}, {"M": 2, "N": 2048}, {"M": 37, "N": 760}, {"M":
 slices a cluster cannot split evenly (40968) and a partial last tile."""
 
 
+def _check_sampled(stage: int, seed: int, shapes, count: int = 16) -> None:
+    """``count`` sampled genomes of the forward space with STAGE == ``stage``, on ``shapes``."""
+    prob = make_forward_problem()
+    rng = np.random.default_rng(seed)
+    done = 0
+    while done < count:
+        p = prob.params.sample(rng)
+        if p["STAGE"] != stage:
+            continue
+        _check(prob, prob.seeds[0].with_params(**p), shapes)
+        done += 1
+
+
 def test_forward_pipeline_sampled(cuda_device) -> None:
     """STAGE 3 over sampled knobs: the bulk-copy path and its fallback (odd N) in every dtype."""
-    prob = make_forward_problem()
-    rng = np.random.default_rng(5)
-    done = 0
-    while done < 16:
-        p = prob.params.sample(rng)
-        if p["STAGE"] != 3:
-            continue
-        _check(prob, prob.seeds[0].with_params(**p), PIPE_SHAPES + SMALL[1:4])
-        done += 1
+    _check_sampled(3, 5, PIPE_SHAPES + SMALL[1:4])
 
 
 def test_forward_rowtile_sampled(cuda_device) -> None:
     """STAGE 4 over sampled knobs: short rows in registers, and the fallback for long or odd rows."""
-    prob = make_forward_problem()
-    rng = np.random.default_rng(9)
-    done = 0
-    while done < 16:
-        p = prob.params.sample(rng)
-        if p["STAGE"] != 4:
-            continue
-        _check(prob, prob.seeds[0].with_params(**p), PIPE_SHAPES[:3] + [{"M": 70, "N": 256}] + SMALL[1:4])
-        done += 1
+    _check_sampled(4, 9, PIPE_SHAPES[:3] + [{"M": 70, "N": 256}] + SMALL[1:4])
 
 
 def test_forward_timed_shape_sample(cuda_device) -> None:
