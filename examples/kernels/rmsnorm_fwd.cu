@@ -34,6 +34,10 @@
 //   PERSISTENT   launch-only knob (grid = k * SM count); the kernel always strides over rows
 //   RSQRT_APPROX 1 rsqrt.approx.ftz.f32, 0 precise 1/sqrtf
 //   OCCUPANCY    0 ptxas's own register count; k > 0: __launch_bounds__ minimum of k CTAs per SM
+//   WSMEM        STAGE 3: 1 copies each CTA's float32 weight slice into shared memory once
+//                (one bulk copy, ahead of the first tile) and normalises from there; 0 reads
+//                the weights from global memory (L1/L2) for every row. Long rows re-read
+//                2 to 4 bytes of weight per byte of x; from shared memory that traffic leaves L2.
 //
 // Rows whose x and y addresses are not VEC_BYTES-aligned (odd N, misaligned bases) are split
 // into a scalar head, an aligned vector body and a scalar tail. If x and y rows have different
@@ -119,6 +123,12 @@
 #endif
 #if OCCUPANCY < 0 || OCCUPANCY * THREADS > 2048
 #error "OCCUPANCY * THREADS must be in [0, 2048]"
+#endif
+#ifndef WSMEM
+#define WSMEM 0
+#endif
+#if WSMEM != 0 && WSMEM != 1
+#error "WSMEM must be 0 or 1"
 #endif
 #if OCCUPANCY > 0
 #define MIN_BLOCKS OCCUPANCY
@@ -312,6 +322,29 @@ __device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float 
     float f[E], g[E];
     unpack<DT>(xv, f);
     load_w<E>(w, g);
+#pragma unroll
+    for (int i = 0; i < E; ++i) f[i] = (f[i] * rstd) * g[i];
+    Vec o;
+    pack<DT>(o, f);
+    st_vec(dst, o);
+}
+
+// As norm_store, the weights read from shared memory (16-byte aligned: E % 4 == 0 there).
+template <int DT>
+__device__ __forceinline__ void norm_store_sw(const Vec& xv, const float* ws, float rstd, char* dst) {
+    constexpr int E = VEC_BYTES / ES<DT>::value;
+    float f[E], g[E];
+    unpack<DT>(xv, f);
+    if (E % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < E; i += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(ws + i);
+            g[i] = q.x; g[i + 1] = q.y; g[i + 2] = q.z; g[i + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) g[i] = ws[i];
+    }
 #pragma unroll
     for (int i = 0; i < E; ++i) f[i] = (f[i] * rstd) * g[i];
     Vec o;
@@ -629,6 +662,13 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigne
 #endif
 }
 
+// Asynchronous global -> shared copy without an L2 hint (the weights: every CTA reads them).
+__device__ __forceinline__ void bulk_load_plain(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 // Thread 0: expect tile `tile`'s bytes on barrier `s` and start its copies into buffer `s`.
 __device__ __forceinline__ void issue_tile(const char* xs, long long tile, int s, int M, int rows_pt, long long row_bytes,
                                         unsigned my_bytes, unsigned slice, unsigned tile_bytes, unsigned buf0,
@@ -649,7 +689,8 @@ __device__ __forceinline__ void issue_tile(const char* xs, long long tile, int s
 
 // Rows are cut into tiles of `rows_pt` rows; with a cluster, each CTA owns one column slice
 // of every row (whole 16-byte chunks). Group g of `groups` (a CTA, or a cluster) takes tiles
-// g, g + groups, ...; PIPE tiles are copied ahead into shared memory by thread 0.
+// g, g + groups, ...; PIPE tiles are copied ahead into shared memory by thread 0. With WSMEM
+// the first `wsl` bytes of `buf` hold this CTA's float32 weight slice (barrier PIPE).
 template <int DT>
 __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const float* __restrict__ w,
                                              void* __restrict__ y, int M, int N, float eps, float* red,
@@ -668,9 +709,12 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
     const int chunks = static_cast<int>(row_bytes / 16);          // 16-byte chunks per row
     const int cpc = (chunks + CLUSTER - 1) / CLUSTER;             // chunks per CTA slice
     const unsigned slice = static_cast<unsigned>(cpc) * 16u;      // shared-memory row stride
-    int rows_pt = slice ? static_cast<int>(dyn / (PIPE * slice)) : 0;
+    const unsigned wsl = WSMEM ? static_cast<unsigned>(cpc) * (64u / ESZ) : 0u;  // weight slice bytes
+    int rows_pt = slice && dyn > wsl ? static_cast<int>((dyn - wsl) / (PIPE * slice)) : 0;
     rows_pt = rows_pt > TILE_ROWS ? TILE_ROWS : rows_pt;
-    const bool aligned = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) & 15) == 0;
+    const unsigned long long wa = WSMEM ? reinterpret_cast<unsigned long long>(w) : 0ull;
+    const bool aligned =
+        ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y) | wa) & 15) == 0;
     if (!aligned || row_bytes % 16 != 0 || rows_pt < 1) {  // uniform over the grid
         rmsnorm_rows<DT, 2, 1>(x, w, y, M, N, eps, red, clp, reinterpret_cast<Vec*>(buf));  // lean: one load per batch
         return;
@@ -684,8 +728,9 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
     const long long tiles = (M + rows_pt - 1) / rows_pt;
     const long long groups = gridDim.x / CLUSTER;
     const long long g = blockIdx.x / CLUSTER;
-    const unsigned buf0 = smem_addr(buf);
+    const unsigned buf0 = smem_addr(buf) + wsl;
     const unsigned bar0 = smem_addr(mbar);
+    const float* wsm = reinterpret_cast<const float*>(buf);  // WSMEM: the weight slice
     const unsigned tile_bytes = static_cast<unsigned>(rows_pt) * slice;
     const char* xs = static_cast<const char*>(x) + c0 * 16;
     char* ys = static_cast<char*>(y) + c0 * 16;
@@ -695,12 +740,17 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
 
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < PIPE; ++s) mbar_init(bar0 + 8 * s, 1);
+        for (int s = 0; s < PIPE + WSMEM; ++s) mbar_init(bar0 + 8 * s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
     if (tid == 0) {
+        if (WSMEM) {  // the weights first: the first tile's normalisation needs them
+            const unsigned wb = static_cast<unsigned>(mine) * (64u / ESZ);
+            mbar_arrive_tx(bar0 + 8 * PIPE, wb);
+            if (wb) bulk_load_plain(smem_addr(buf), ws, wb, bar0 + 8 * PIPE);
+        }
         for (int s = 0; s < PIPE; ++s)
             if (g + s * groups < tiles) issue_tile(xs, g + s * groups, s, M, rows_pt, row_bytes, my_bytes, slice, tile_bytes, buf0, bar0, pol);
     }
@@ -708,13 +758,14 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
 #if TPR > 32
     int rc = 0;  // reductions through `red` so far (double-buffered)
 #endif
+    if (WSMEM) mbar_wait(bar0 + 8 * PIPE, 0u);
     int it = 0;
     for (long long tile = g; tile < tiles; tile += groups, ++it) {
         const int s = it % PIPE;
         mbar_wait(bar0 + 8 * s, static_cast<unsigned>(it / PIPE) & 1u);
         const long long row0 = tile * rows_pt;
         const int nrows = M - row0 < rows_pt ? static_cast<int>(M - row0) : rows_pt;
-        const unsigned char* tb = buf + static_cast<unsigned>(s) * tile_bytes;
+        const unsigned char* tb = buf + wsl + static_cast<unsigned>(s) * tile_bytes;  // after the weight slice
 
         for (int base = 0; base < nrows; base += RPC) {  // the same trip count in every thread
             const int rr = base + r;
@@ -754,11 +805,19 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
                 if (nmine <= MAX_VECS) {  // the slice is still in registers
 #pragma unroll
                     for (int kk = 0; kk < MAX_VECS; ++kk)
-                        if (kk < nmine)
-                            norm_store<DT>(b[kk], ws + (kk * TPR + t) * E, rstd, yr + (kk * TPR + t) * VEC_BYTES);
+                        if (kk < nmine) {
+                            if (WSMEM)
+                                norm_store_sw<DT>(b[kk], wsm + (kk * TPR + t) * E, rstd, yr + (kk * TPR + t) * VEC_BYTES);
+                            else
+                                norm_store<DT>(b[kk], ws + (kk * TPR + t) * E, rstd, yr + (kk * TPR + t) * VEC_BYTES);
+                        }
                 } else {
-                    for (int k = 0; k < nmine; ++k)
-                        norm_store<DT>(sv[k * TPR + t], ws + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+                    for (int k = 0; k < nmine; ++k) {
+                        if (WSMEM)
+                            norm_store_sw<DT>(sv[k * TPR + t], wsm + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+                        else
+                            norm_store<DT>(sv[k * TPR + t], ws + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+                    }
                 }
             }
 #else
@@ -776,8 +835,12 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
             const float rstd = rsqrt_of(ms);
             const Vec* sv = reinterpret_cast<const Vec*>(tb + rr * slice);
             char* yr = ys + (row0 + rr) * row_bytes;
-            for (int k = 0; k < nmine; ++k)
-                norm_store<DT>(sv[k * TPR + t], ws + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+            for (int k = 0; k < nmine; ++k) {
+                if (WSMEM)
+                    norm_store_sw<DT>(sv[k * TPR + t], wsm + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+                else
+                    norm_store<DT>(sv[k * TPR + t], ws + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
+            }
         }
 #endif
         __syncthreads();  // buffer s is read: refill it
@@ -804,7 +867,7 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
     extern __shared__ __align__(128) unsigned char dsmem[];
 #if STAGE == 3
     __shared__ float rowsum[2 * TILE_ROWS];
-    __shared__ __align__(8) unsigned long long mbar[PIPE];
+    __shared__ __align__(8) unsigned long long mbar[PIPE + WSMEM];
     if (dtype_code == 0)
         rmsnorm_pipe<0>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
     else if (dtype_code == 1)

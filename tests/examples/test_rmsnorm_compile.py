@@ -44,6 +44,11 @@ def _corner_cases() -> list[dict]:
     out.append(dict(base, THREADS=128, TPR=32, MAX_VECS=1, VEC_BYTES=16, STAGE=4, TILE_ROWS=4, OCCUPANCY=8))
     out.append(dict(base, THREADS=256, TPR=32, MAX_VECS=4, VEC_BYTES=16, STAGE=4, TILE_ROWS=4, OCCUPANCY=0))
     out.append(dict(base, THREADS=128, TPR=32, MAX_VECS=2, VEC_BYTES=16, STAGE=4, TILE_ROWS=8, OCCUPANCY=0))
+    # STAGE 3 with the weight slice in shared memory: a 16-CTA cluster, and one CTA per row
+    out.append(dict(base, THREADS=512, TPR=512, MAX_VECS=4, VEC_BYTES=16, STAGE=3, CLUSTER=16, PERSISTENT=1,
+                    PIPE=3, TILE_ROWS=1, WSMEM=1, LOAD_HINT=3))
+    out.append(dict(base, THREADS=256, TPR=256, MAX_VECS=4, VEC_BYTES=16, STAGE=3, CLUSTER=1, PERSISTENT=4,
+                    PIPE=2, TILE_ROWS=2, WSMEM=1))
     return out
 
 

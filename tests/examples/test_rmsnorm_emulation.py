@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from evo.types import Case
-from examples.rmsnorm_problem import fwd_launch, rmsnorm_numpy
+from examples.rmsnorm_problem import fwd_launch, pipe_weight_bytes, rmsnorm_numpy
 
 
 def emulate(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_off: int = 0,
@@ -99,7 +99,11 @@ def test_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -> None:
 
 def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_off: int = 0,
                  eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
-    """STAGE 3: the bulk copies into shared memory (byte offsets), then the reads from it."""
+    """STAGE 3: the bulk copies into shared memory (byte offsets), then the reads from it.
+
+    With WSMEM the weight slice is bulk-copied to the front of shared memory too, and the
+    normalisation reads the weights from there (also by byte offset).
+    """
     m, n = x.shape
     vb, tpr, threads, cluster, pipe = p["VEC_BYTES"], p["TPR"], p["THREADS"], p["CLUSTER"], p["PIPE"]
     case = Case({"M": m, "N": n}, {4: "float32", 2: "bfloat16"}[esz])
@@ -108,11 +112,14 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
     chunks = row_bytes // 16
     cpc = -(-chunks // cluster)
     slice_b = cpc * 16
-    rows_pt = min(launch.shared_mem // (pipe * slice_b), p["TILE_ROWS"]) if slice_b else 0
+    wsl = pipe_weight_bytes(p, case)
+    assert wsl == (cpc * 64 // esz if p.get("WSMEM") else 0)
+    rows_pt = min((launch.shared_mem - wsl) // (pipe * slice_b), p["TILE_ROWS"]) if slice_b else 0
     if (x_off | y_off) % 16 or row_bytes % 16 or rows_pt < 1:
         return emulate(x, w, dict(p, STAGE=2), esz, x_off, y_off, eps)  # the kernel's fallback
-    assert launch.shared_mem >= pipe * rows_pt * slice_b
+    assert launch.shared_mem >= wsl + pipe * rows_pt * slice_b
     flat = x.reshape(-1)  # element i lies at byte i * esz of the buffer
+    wflat = w.astype(np.float64)  # float32 weight i lies at byte 4 * i
     tiles = -(-m // rows_pt)
     groups = launch.grid[0] // cluster
     y = np.full((m, n), np.nan)
@@ -127,8 +134,13 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
             for rank in range(cluster):
                 c0 = rank * cpc
                 mine = min(max(chunks - c0, 0), cpc)
-                smem = np.full(pipe * rows_pt * slice_b // esz, np.nan)
-                base = s * rows_pt * slice_b
+                smem = np.full((wsl + pipe * rows_pt * slice_b) // esz, np.nan)
+                base = wsl + s * rows_pt * slice_b
+                wsm = np.full(wsl // 4, np.nan)  # the weight slice, float32 units
+                if wsl:
+                    src, nbytes = c0 * 64 // esz, mine * 64 // esz
+                    assert src % 16 == 0 and nbytes % 16 == 0 and nbytes <= wsl
+                    wsm[:nbytes // 4] = wflat[src // 4:(src + nbytes) // 4]
                 copies = ([(row0 * row_bytes + c0 * 16, base, nrows * mine * 16)] if cluster == 1 else
                           [((row0 + i) * row_bytes + c0 * 16, base + i * slice_b, mine * 16) for i in range(nrows)])
                 for src, dst, nbytes in copies:
@@ -137,7 +149,7 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
                 nv = mine * 16 // vb
                 e = vb // esz
                 for rr in range(nrows):
-                    vals, cols = [], []
+                    vals, cols, ws = [], [], []
                     for t in range(tpr):
                         nmine = (nv - 1 - t) // tpr + 1 if t < nv else 0
                         for k in range(nmine):
@@ -145,11 +157,16 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
                             vals.extend(smem[off:off + e])
                             c = c0 * 16 // esz + (k * tpr + t) * e
                             cols.extend(range(c, c + e))
-                    slices[(rank, rr)] = (np.array(vals), np.array(cols, dtype=int))
+                            if wsl:
+                                wo = (k * tpr + t) * e * 4  # byte offset of the weights in the slice
+                                assert wo % (16 if e % 4 == 0 else 4) == 0 and wo + 4 * e <= wsl
+                                ws.extend(wsm[wo // 4:wo // 4 + e])
+                    ws_row = np.array(ws) if wsl else None
+                    slices[(rank, rr)] = (np.array(vals), np.array(cols, dtype=int), ws_row)
                     sums[rr] += (np.array(vals) ** 2).sum()
-            for (_rank, rr), (vals, cols) in slices.items():
+            for (_rank, rr), (vals, cols, ws_row) in slices.items():
                 rstd = 1.0 / np.sqrt(sums[rr] / n + eps)
-                y[row0 + rr, cols] = vals * rstd * w[cols]
+                y[row0 + rr, cols] = vals * rstd * (w[cols] if ws_row is None else ws_row)
                 np.add.at(writes[row0 + rr], cols, 1)
     assert threads % tpr == 0
     return y, writes
@@ -160,6 +177,13 @@ PIPE_CONFIGS = [
     {"THREADS": 64, "TPR": 8, "VEC_BYTES": 8, "CLUSTER": 1, "PERSISTENT": 0, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 16},
     {"THREADS": 64, "TPR": 64, "VEC_BYTES": 16, "CLUSTER": 4, "PERSISTENT": 1, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 2},
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 4, "CLUSTER": 16, "PERSISTENT": 2, "STAGE": 3, "PIPE": 4, "TILE_ROWS": 1},
+    # the weight slice in shared memory, with and without a cluster
+    {"THREADS": 64, "TPR": 64, "VEC_BYTES": 16, "CLUSTER": 4, "PERSISTENT": 1, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 2,
+     "WSMEM": 1},
+    {"THREADS": 64, "TPR": 16, "VEC_BYTES": 8, "CLUSTER": 1, "PERSISTENT": 0, "STAGE": 3, "PIPE": 3, "TILE_ROWS": 4,
+     "WSMEM": 1},
+    {"THREADS": 32, "TPR": 32, "VEC_BYTES": 4, "CLUSTER": 8, "PERSISTENT": 2, "STAGE": 3, "PIPE": 1, "TILE_ROWS": 2,
+     "WSMEM": 1},
 ]
 PIPE_SHAPES = [(1, 8), (3, 16), (5, 40), (9, 256), (2, 1000), (4, 1032), (7, 24)]
 

@@ -27,6 +27,7 @@ from examples.rmsnorm_problem import (
     make_forward_problem,
     pipe_rows,
     pipe_slice_bytes,
+    pipe_weight_bytes,
     rmsnorm_numpy,
 )
 
@@ -95,7 +96,7 @@ def test_launch_covers_every_row(dtype: str) -> None:
             rpc = p["THREADS"] // p["TPR"]
             if p["STAGE"] == 3 and L.shared_mem:  # the kernel's unit is a tile of rows
                 rpc = pipe_rows(p, case)
-                assert L.shared_mem == p["PIPE"] * rpc * pipe_slice_bytes(p, case)
+                assert L.shared_mem == pipe_weight_bytes(p, case) + p["PIPE"] * rpc * pipe_slice_bytes(p, case)
             if p["STAGE"] == 4:  # each group holds TILE_ROWS rows per CTA step
                 rpc *= p["TILE_ROWS"]
             groups = L.grid[0] // p["CLUSTER"]
@@ -140,6 +141,21 @@ def test_launch_pipeline_smem() -> None:
     assert fwd_launch(p, Case({"M": 4, "N": 1001}, "bfloat16")).shared_mem == 0
     assert fwd_launch(dict(p, PIPE=4), Case({"M": 4, "N": 262144}, "float32")).shared_mem == 0
     assert pipe_rows(p, Case({"M": 1, "N": 256}, "bfloat16")) == 1  # never more rows than M
+
+
+def test_launch_pipeline_weight_slice() -> None:
+    """WSMEM 1: the float32 weight slice comes first and the row buffers get what is left."""
+    p = {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "STAGE": 3, "CLUSTER": 16, "PERSISTENT": 1, "PIPE": 3,
+         "TILE_ROWS": 2, "WSMEM": 1}
+    c = Case({"M": 8192, "N": 262144}, "bfloat16")  # 512 KB rows: 32 KB per CTA of 16
+    assert pipe_slice_bytes(p, c) == 32768
+    assert pipe_weight_bytes(p, c) == 65536  # 16384 float32 weights
+    assert pipe_weight_bytes(dict(p, WSMEM=0), c) == 0
+    assert pipe_rows(p, c) == 1  # (225 KB - 64 KB) // (3 * 32 KB)
+    assert fwd_launch(p, c).shared_mem == 65536 + 3 * 32768
+    # a weight slice that leaves no room for one buffer: no buffers (STAGE 2 fallback)
+    big = dict(p, CLUSTER=2, PIPE=1)
+    assert pipe_rows(big, c) == 0 and fwd_launch(big, c).shared_mem == 0
 
 
 def test_signature_scalars_bytes() -> None:
