@@ -8,7 +8,9 @@ search is still what produces the example's archive.
 
     python benchmarks/rmsnorm_sweep.py --set pipe --dtypes bfloat16 --out $OUT/sweep
     python benchmarks/rmsnorm_sweep.py --set short --shapes 256,512,1024,2048 --count 80
+    python benchmarks/rmsnorm_sweep.py --set long --shapes 16384,32768,65536,131072,262144 --count 90
     python benchmarks/rmsnorm_sweep.py --variants my_variants.json --limit 300
+    python benchmarks/rmsnorm_sweep.py --render sweep-out/sweep.jsonl > sweep.md
 
 Writes ``sweep.jsonl`` (one line per evaluation, as it finishes) and ``sweep.md`` (variants
 by geometric-mean fraction of copy, one column per timed shape, and the best per shape).
@@ -94,21 +96,66 @@ def short_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     return out
 
 
+def long_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
+    """Long rows (N >= 16K): STAGE 3, a CTA or a cluster per row, the weights in shared memory or not."""
+    space = make_forward_problem(dtypes=["bfloat16"]).params
+    p3 = dict(BASE, STAGE=3, VEC_BYTES=16, MAX_VECS=4, OCCUPANCY=0)
+    grid = list(_grid(p3, CLUSTER=[1, 2, 4, 8, 16], THREADS=[128, 256, 512], TILE_ROWS=[1, 2], PIPE=[1, 2, 3, 4],
+                      PERSISTENT=[0, 1, 2], WSMEM=[0, 1], LOAD_HINT=[0, 3], STORE_HINT=[0, 1]))
+    grid = [p for p in (dict(q, TPR=q["THREADS"]) for q in grid) if space.is_valid(p)]
+    rng = np.random.default_rng(seed)
+    out = [dict(p) for p in FWD_SEED_PARAMS if p["STAGE"] == 3 and p["TPR"] == p["THREADS"] >= 256]
+    out.extend(grid[int(i)] for i in rng.permutation(len(grid))[:max(0, limit - len(out))])
+    return out
+
+
 def _geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
 
 
+def render_markdown(rows: list[dict[str, Any]], keys: list[str] | None = None) -> str:
+    """The sweep table: variants by geometric-mean fraction of copy, one column per case, best per case.
+
+    ``keys`` (case keys, in column order) default to those of the first successful row.
+    """
+    if keys is None:
+        keys = next((list(r["cases"]) for r in rows if r["cases"]), [])
+    ok = [r for r in rows if r["cases"]]
+    ok.sort(key=lambda r: -_geomean([r["cases"].get(k, {}).get("fraction") or 0 for k in keys]))
+    short = [k.split(",N=")[1].split(":")[0] if ",N=" in k else k for k in keys]
+    lines = ["| variant | regs | geomean | " + " | ".join(short) + " |",
+             "| --- | ---: | ---: | " + " | ".join("---:" for _ in keys) + " |"]
+    knobs = ["STAGE", "THREADS", "TPR", "CLUSTER", "PIPE", "TILE_ROWS", "PERSISTENT", "MAX_VECS", "VEC_BYTES",
+             "LOAD_HINT", "STORE_HINT", "OCCUPANCY", "WSMEM"]
+    for r in ok:
+        fr = [r["cases"].get(k, {}).get("fraction") for k in keys]
+        name = " ".join(f"{k[:2]}{r['params'].get(k, '-')}" for k in knobs)
+        lines.append(f"| {name} | {r['registers']} | {_geomean([f or 0 for f in fr]):.3f} | "
+                     + " | ".join("-" if f is None else f"{f:.3f}" for f in fr) + " |")
+    best = [max((r["cases"].get(k, {}).get("fraction") or 0 for r in ok), default=0) for k in keys]
+    lines.append("| **best per shape** | | | " + " | ".join(f"**{b:.3f}**" for b in best) + " |")
+    failed = [r for r in rows if not r["cases"]]
+    for r in failed:
+        lines.append(f"\nFAILED {r['status']}: {r['params']}: {r['reason']}")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", default="pipe", choices=["pipe", "short", "seeds"], help="built-in variant set")
+    ap.add_argument("--set", default="pipe", choices=["pipe", "short", "long", "seeds"], help="built-in variant set")
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values to time (M as in the matrix)")
     ap.add_argument("--variants", type=Path, help="JSON list of param dicts (overrides --set)")
     ap.add_argument("--count", type=int, default=120, help="variants in the built-in set")
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--limit", type=float, default=400.0, help="stop submitting after this many seconds")
     ap.add_argument("--out", type=Path, default=Path("sweep-out"))
+    ap.add_argument("--render", type=Path, metavar="JSONL", help="only print the table of a finished sweep's sweep.jsonl")
     args = ap.parse_args(argv)
+    if args.render:
+        print(render_markdown([json.loads(line) for line in args.render.read_text().splitlines() if line.strip()]),
+              end="")
+        return 0
 
     from fitness import Evaluator
 
@@ -125,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = [dict(p) for p in FWD_SEED_PARAMS]
     elif args.set == "short":
         variants = short_set(args.count)
+    elif args.set == "long":
+        variants = long_set(args.count)
     else:
         variants = pipe_set(args.count)
     bad = [p for p in variants if not problem.params.is_valid(p)]
@@ -156,25 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         for _, fut in futures:
             fut.cancel()
     keys = [c.key for c in problem.timed_cases()]
-    ok = [r for r in rows if r["cases"]]
-    ok.sort(key=lambda r: -_geomean([r["cases"].get(k, {}).get("fraction") or 0 for k in keys]))
-    short = [k.split(",N=")[1].split(":")[0] if ",N=" in k else k for k in keys]
-    lines = ["| variant | regs | geomean | " + " | ".join(short) + " |",
-             "| --- | ---: | ---: | " + " | ".join("---:" for _ in keys) + " |"]
-    knobs = ["STAGE", "THREADS", "TPR", "CLUSTER", "PIPE", "TILE_ROWS", "PERSISTENT", "MAX_VECS", "VEC_BYTES",
-             "LOAD_HINT", "STORE_HINT", "OCCUPANCY"]
-    for r in ok:
-        fr = [r["cases"].get(k, {}).get("fraction") for k in keys]
-        name = " ".join(f"{k[:2]}{r['params'].get(k, '-')}" for k in knobs)
-        lines.append(f"| {name} | {r['registers']} | {_geomean([f or 0 for f in fr]):.3f} | "
-                     + " | ".join("-" if f is None else f"{f:.3f}" for f in fr) + " |")
-    best = [max((r["cases"].get(k, {}).get("fraction") or 0 for r in ok), default=0) for k in keys]
-    lines.append("| **best per shape** | | | " + " | ".join(f"**{b:.3f}**" for b in best) + " |")
-    failed = [r for r in rows if not r["cases"]]
-    for r in failed:
-        lines.append(f"\nFAILED {r['status']}: {r['params']}: {r['reason']}")
-    (args.out / "sweep.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    text = render_markdown(rows, keys)
+    (args.out / "sweep.md").write_text(text)
+    print(text, end="")
     return 0
 
 
