@@ -390,6 +390,9 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # STAGE 4, N=2K: a warp per row, the whole row (8 vectors per thread) in flight
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 8,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1, "OCCUPANCY": 2, "WSMEM": 0},
+    # STAGE 3, N=16K: a CTA of 256 threads per row, one row per tile, streaming stores
+    {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1, "OCCUPANCY": 0, "WSMEM": 0},
     # STAGE 2, N=32K: a CTA of 512 threads per row, one 16-byte load per batch, the second read of
     # the row served mostly by L2; two CTAs per SM
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
@@ -401,8 +404,9 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
 """Starting points, one per row-length regime (the engine searches from all of them). The
 STAGE 3 ones come from the design-space sweep ``benchmarks/rmsnorm_sweep.py`` on the H200
 (``benchmarks/results/rmsnorm_sweep-2026-12-02.md``): the best variant per regime; the last
-six from three later sweeps (``rmsnorm_sweep-2026-12-02-short.md``, ``-rowtile.md`` and
-``-long.md`` there): the best variant of a shape where it beat the seeds before. The two
+seven from three later sweeps (``rmsnorm_sweep-2026-12-02-short.md``, ``-rowtile.md`` and
+``-long.md`` there): the best variant of a shape where it beat the seeds before (the 16K
+one was added after the example's run 7). The two
 STAGE 2 seeds are what the best long-row variants of that sweep ran: STAGE 3 genomes whose
 weight slice (WSMEM) left no room for a row buffer, so the kernel took its STAGE 2 path with
 one load per batch (the same code and launch as these genomes)."""
