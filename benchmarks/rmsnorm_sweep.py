@@ -84,8 +84,9 @@ def short_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
                    MAX_VECS=[1, 2], OCCUPANCY=[0, 4, 8], STORE_HINT=[0, 1], LOAD_HINT=[0, 1])),
         list(_grid(dict(BASE, STAGE=3, VEC_BYTES=16, PERSISTENT=0, PIPE=1, MAX_VECS=4), THREADS=[64, 128, 256],
                    TPR=[8, 16, 32], TILE_ROWS=[4, 8, 16, 32], OCCUPANCY=[0, 4, 8], LOAD_HINT=[0, 3])),
-        list(_grid(dict(BASE, STAGE=4, VEC_BYTES=16, PERSISTENT=0), THREADS=[64, 128, 256], TPR=[8, 16, 32],
-                   MAX_VECS=[1, 2, 4], TILE_ROWS=[1, 2, 4, 8], OCCUPANCY=[0, 4, 8], STORE_HINT=[0, 1])),
+        list(_grid(dict(BASE, STAGE=4, VEC_BYTES=16), THREADS=[64, 128, 256], TPR=[8, 16, 32],
+                   MAX_VECS=[1, 2, 4], TILE_ROWS=[1, 2, 4, 8], OCCUPANCY=[0, 4, 8], STORE_HINT=[0, 1],
+                   PERSISTENT=[0, 1, 2, 4])),  # a persistent grid: no second wave of CTAs
     ]
     rng = np.random.default_rng(seed)
     out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS[:3]]
