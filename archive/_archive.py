@@ -45,7 +45,7 @@ import os
 import struct
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
@@ -68,10 +68,8 @@ from archive._lineage import Lineage
 from archive._lmdb import DEFAULT_MAP_SIZE, DURABILITY, Durability, LMDBStore
 from archive._store import MemoryStore, Store, Txn
 from evo.codec import SCHEMA_VERSION, CodecError, dumps, loads, pack_raw, unpack_raw
-from evo.codec import _pack as _pack_envelope
 from evo.space import CategoricalAxis, NumericAxis, SpaceError
-from evo.types import DeviceInfo, Evaluation, Problem, Record, Status
-from evo.types import _plain_map as _plain_copy
+from evo.types import DeviceInfo, Problem, Record, Status
 
 __all__ = ["ARCHIVE_SCHEMA_VERSION", "FORMAT", "AddResult", "AddStatus", "Archive", "fork_archive"]
 
@@ -221,67 +219,6 @@ def _placer(problem: Problem) -> Any:
         return tuple(cell), values
 
     return place
-
-
-_SCALARS = frozenset((str, int, float, bool, type(None), bytes))
-
-
-def _plain_or_same(value: Any) -> Any:
-    """``value`` itself when packing it gives the bytes of packing ``_plain_map(value)``, else that copy.
-
-    True of an exact ``dict`` whose keys are exact ``str`` and whose values are exact
-    scalars or such dicts (the common case: ``metrics``, ``resources``): ``_plain_map``
-    would copy it unchanged, in the same order. The result is for packing only.
-    """
-    if type(value) is not dict:
-        return _plain_copy(value)
-    for k, v in value.items():
-        if type(k) is not str:
-            return _plain_copy(value)
-        t = type(v)
-        if t not in _SCALARS and (t is not dict or _plain_or_same(v) is not v):
-            return _plain_copy(value)
-    return value
-
-
-# The fields _encode_record writes, in order; if evo's types gain or lose one, it steps aside.
-_RECORD_FIELDS = ("genome", "evaluation", "parents", "operator", "generation", "island", "cell", "descriptors",
-                  "created", "seq", "meta")
-_EVALUATION_FIELDS = ("status", "fitness", "metrics", "resources", "artifacts", "stage_times", "device")
-_FAST_ENCODE = (tuple(f.name for f in fields(Record)) == _RECORD_FIELDS
-                and tuple(f.name for f in fields(Evaluation)) == _EVALUATION_FIELDS)
-
-
-def _encode_record(rec: Record) -> bytes:
-    """``codec.dumps(rec)``, byte for byte, without copying the maps that need no converting.
-
-    ``dumps`` packs ``Record._payload`` / ``Evaluation.to_dict``, which copy every map
-    through ``_plain_map`` (encoding is about a third of the archive's CPU time per insert);
-    here a map that the copy would leave unchanged is packed as it is, tuples are packed as
-    the lists they would become (msgpack writes both as arrays), and the rest goes through
-    the same copies: about 1 us less per record (of about 21 us of CPU) on the 2-CPU VM of
-    benchmarks/archive_bench.py. tests/archive/test_encoding.py holds it to ``dumps`` and to
-    ``to_dict``; a Record or Evaluation subclass, or a change of their fields, takes ``dumps``.
-    """
-    ev = rec.evaluation
-    if type(rec) is not Record or type(ev) is not Evaluation or not _FAST_ENCODE:
-        return dumps(rec)
-    art = ev.artifacts
-    return _pack_envelope([SCHEMA_VERSION, "record", {
-        "genome": rec.genome._payload(),
-        "evaluation": {"status": ev.status._value_, "fitness": ev.fitness, "metrics": _plain_or_same(ev.metrics),
-                       "resources": _plain_or_same(ev.resources), "artifacts": art if type(art) is dict else dict(art),
-                       "stage_times": _plain_or_same(ev.stage_times), "device": _plain_or_same(ev.device)},
-        "parents": rec.parents,  # a tuple (Record.__post_init__); list(parents) packs the same
-        "operator": rec.operator,
-        "generation": rec.generation,
-        "island": rec.island,
-        "cell": rec.cell,  # a tuple or None; likewise
-        "descriptors": _plain_or_same(rec.descriptors),
-        "created": rec.created,
-        "seq": rec.seq,
-        "meta": _plain_or_same(rec.meta),
-    }])
 
 
 class _Sources:
@@ -633,7 +570,7 @@ class Archive:
         known = self._sources.by_obj
         fresh: dict[int, tuple[str, str]] = {}  # sources stored inline by this batch: id(source) -> (source, id)
         pack_seq = _U64.pack
-        encode = _encode_record
+        encode = dumps
         isfinite = math.isfinite
         new_result = _result
         tails = _STATUS_TAIL

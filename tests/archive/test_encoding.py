@@ -1,12 +1,11 @@
-"""The record encoders of the insert path give the bytes of the plain ``to_dict`` encoding.
+"""The record encoder of the insert path gives the bytes of the plain ``to_dict`` encoding.
 
 ``codec.dumps(Record)`` skips the defensive copies of ``Record.to_dict()`` (it shares the
 genome's cached params); these tests hold it to the bytes of packing ``Record.to_dict()``,
 the encoding archives were written with, over hypothesis-generated records and over the
 values that need converting (other key types, tuples, numpy scalars, other mappings,
 enums), and check that the archive stores exactly those bytes for a record that holds its
-source. The archive's own encoder (``archive._archive._encode_record``, which packs maps that
-need no converting without copying them) is held to ``codec.dumps`` over the same values.
+source.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from archive import Archive, MemoryStore
-from archive._archive import _FAST_ENCODE, _encode_record
 from evo import codec
 from evo.codec import SCHEMA_VERSION, CodecError, dumps, loads
 from evo.types import Evaluation, Genome, Record, Status
@@ -55,7 +53,6 @@ odd_maps = st.one_of(st.dictionaries(keys, odd_values, max_size=4),
 @given(records)
 def test_same_bytes_as_to_dict(rec: Record) -> None:
     assert dumps(rec) == _reference(rec)
-    assert _encode_record(rec) == dumps(rec)
     assert _same(loads(dumps(rec)), rec)
 
 
@@ -72,11 +69,8 @@ def test_same_bytes_with_values_that_need_the_copy(metrics: Any, resources: Any,
     except (TypeError, OverflowError, ValueError):
         with pytest.raises(CodecError):
             dumps(rec)
-        with pytest.raises(CodecError):
-            _encode_record(rec)
         return
     assert dumps(rec) == want
-    assert _encode_record(rec) == want
 
 
 def test_edge_values() -> None:
@@ -88,20 +82,8 @@ def test_edge_values() -> None:
                             stage_times=collections.OrderedDict(b=1.0, a=math.nan)),
                  meta={"big": 2**63 - 1, "neg": -(2**63)})
     assert dumps(rec) == _reference(rec)
-    assert _encode_record(rec) == _reference(rec)
     with pytest.raises(CodecError):
         dumps(rec.replace(meta={"too_big": 2**64}))
-    with pytest.raises(CodecError):
-        _encode_record(rec.replace(meta={"too_big": 2**64}))
-
-
-def test_archive_encoder_takes_its_fast_path() -> None:
-    """The field lists the archive's encoder checks match evo's types (else it silently takes dumps)."""
-    assert _FAST_ENCODE
-    plain = Record(Genome("z" * 700, {"t": 1}), Evaluation(Status.OK, 1.5, metrics={"cases": {"a": {"t": 1.0}}},
-                                                              resources={"registers": 32}), parents=("p",),
-                   cell=(3, 1), descriptors={"registers": 32}, meta={"k": [1, 2]})
-    assert _encode_record(plain) == dumps(plain) == _reference(plain)
 
 
 def test_archive_stores_the_same_bytes() -> None:
