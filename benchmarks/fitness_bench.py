@@ -175,9 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     for key, v in rp_["cases"].items():
         fr = v["fraction"]
         print(f"{key:<28}{v['median_ms']:>12.4f}{(fr if fr is not None else math.nan):>10.3f}{v['max_dev']:>10.3%}")
-    print(f"\n{'Timing phases, s (median)':<28}{'inputs':>9}{'warmup':>9}{'timed':>9}{'verify':>9}{'graph':>7}")
+    names = ("inputs", "warmup", "timed", "reference", "verify", "determinism")
+    print(f"\n{'Timing phases, s (median)':<28}" + "".join(f"{n[:9]:>10}" for n in names) + f"{'graph':>7}")
     for key, ph in results["timing_phases_s"].items():
-        print(f"{key:<28}" + "".join(f"{ph.get(n, 0.0):>9.3f}" for n in ("inputs", "warmup", "timed", "verify"))
+        print(f"{key:<28}" + "".join(f"{ph.get(n, 0.0):>10.3f}" for n in names)
               + f"{'yes' if ph.get('graph') else 'no':>7}")
     print("\nstage seconds (median): " + ", ".join(f"{k}={v:.2f}" for k, v in tp["stage_seconds_median"].items()))
     print("stage seconds (sum over the stream): "

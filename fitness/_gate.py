@@ -391,10 +391,28 @@ def _compare_buffer(name: str, buf: GuardedBuffer, ref: Any, tol: float, xp: Any
     return compare(name, got, ref, tol, xp, row_len=row_len, norms=norms)
 
 
-def _check_outputs(problem: Problem, case: Case, cs: _CaseSet, xp: Any, *,
-                   context: str = "") -> tuple[list[Comparison], str | None]:
-    """Compare every output with the reference of this set's inputs; (comparisons, report or None)."""
-    refs = _references(problem, case, cs, xp)
+def _check_outputs(problem: Problem, case: Case, cs: _CaseSet, xp: Any, *, context: str = "",
+                   phases: _Phases | None = None, sync: Callable[[], None] | None = None,
+                   ) -> tuple[list[Comparison], str | None]:
+    """Compare every output with the reference of this set's inputs; (comparisons, report or None).
+
+    With ``phases`` (and ``sync``, the device synchronisation that makes a phase's wall time
+    its device time), the reference's computation is booked under ``"reference"`` and the
+    comparison under ``"verify"``.
+    """
+    if phases is None:
+        return _check_outputs_now(problem, case, cs, xp, context, _references(problem, case, cs, xp))
+    with phases("reference"):
+        refs = _references(problem, case, cs, xp)
+        if sync is not None:
+            sync()
+    with phases("verify"):
+        return _check_outputs_now(problem, case, cs, xp, context, refs)
+
+
+def _check_outputs_now(problem: Problem, case: Case, cs: _CaseSet, xp: Any, context: str,
+                       refs: dict[str, Any]) -> tuple[list[Comparison], str | None]:
+    """:func:`_check_outputs` with the references already computed (they are zeroed after)."""
     tol = float(problem.tolerances.get(case.dtype, 0.0))
     cmps: list[Comparison] = []
     reports = []
@@ -711,17 +729,20 @@ class Timing(Stage):
         times = [ms / b for ms, _ in runs]
         escaped = sum(e for _, e in runs)
         med, spread = timing_summary(times)
-        with phases("verify"):
-            # The timed launches must have computed the right thing for every set ...
-            for si, cs in enumerate(sets):
+        # The timed launches must have computed the right thing for every set ("verify"; the
+        # reference's own computation is booked apart as "reference") ...
+        for si, cs in enumerate(sets):
+            with phases("verify"):
                 bad = _integrity(backend, cs)
-                if bad:
-                    msg = f"case {case.key}, timed set {si + 1} of {k}: {bad}"
-                    return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
-                _cmps, report = _check_outputs(problem, case, cs, xp, context=f"timed launches, set {si + 1} of {k}")
-                if report:
-                    return StageResult.fail(Status.INCORRECT, report.splitlines()[0], mismatch=report)
-            # ... and again, bit for bit, when launched once more on the same inputs.
+            if bad:
+                msg = f"case {case.key}, timed set {si + 1} of {k}: {bad}"
+                return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
+            _cmps, report = _check_outputs(problem, case, cs, xp, context=f"timed launches, set {si + 1} of {k}",
+                                           phases=phases, sync=backend.synchronize)
+            if report:
+                return StageResult.fail(Status.INCORRECT, report.splitlines()[0], mismatch=report)
+        # ... and again, bit for bit, when launched once more on the same inputs ("determinism").
+        with phases("determinism"):
             cs = sets[0]
             before = {n: checksum(b_.array, xp) for n, b_ in cs.buffers.items() if b_.spec.role == "out"}
             for again in (1, 2):

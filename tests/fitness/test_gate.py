@@ -348,7 +348,7 @@ def test_timing_relaunch_catches_nondeterminism():
 def test_timing_reports_phases():
     res, _ = run_stage(Timing(), "good")
     case = next(iter(res.metrics["cases"].values()))
-    assert set(case["phases_s"]) == {"inputs", "warmup", "timed", "verify"}
+    assert set(case["phases_s"]) == {"inputs", "warmup", "timed", "reference", "verify", "determinism"}
     assert all(v >= 0 for v in case["phases_s"].values())
     assert case["graph"] is False  # the numpy backend records no batches
 
