@@ -37,7 +37,9 @@
 //   WSMEM        STAGE 3: 1 copies each CTA's float32 weight slice into shared memory once
 //                (one bulk copy, ahead of the first tile) and normalises from there; 0 reads
 //                the weights from global memory (L1/L2) for every row. Long rows re-read
-//                2 to 4 bytes of weight per byte of x; from shared memory that traffic leaves L2.
+//                2 to 4 bytes of weight per byte of x; from shared memory that traffic leaves L2,
+//                but the weights take room from the row buffers: measured slower at every long
+//                bf16 shape on the H200 (docs/rmsnorm.md); kept as a choice for the search.
 //
 // Rows whose x and y addresses are not VEC_BYTES-aligned (odd N, misaligned bases) are split
 // into a scalar head, an aligned vector body and a scalar tail. If x and y rows have different
