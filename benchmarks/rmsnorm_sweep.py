@@ -9,6 +9,7 @@ search is still what produces the example's archive.
     python benchmarks/rmsnorm_sweep.py --set pipe --dtypes bfloat16 --out $OUT/sweep
     python benchmarks/rmsnorm_sweep.py --set short --shapes 256,512,1024,2048 --count 80
     python benchmarks/rmsnorm_sweep.py --set long --shapes 16384,32768,65536,131072,262144 --count 90
+    python benchmarks/rmsnorm_sweep.py --set reread --shapes 32768,65536,131072,262144 --count 80
     python benchmarks/rmsnorm_sweep.py --variants my_variants.json --limit 300
     python benchmarks/rmsnorm_sweep.py --render sweep-out/sweep.jsonl > sweep.md
 
@@ -110,6 +111,26 @@ def long_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     return out
 
 
+def reread_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
+    """Long rows by the STAGE 2 path (the row read twice, the second time mostly from L2).
+
+    The long-row winners of ``--set long`` ran this path with one load per batch; a thread
+    then has one 16-byte load in flight, about 16 KB per SM at 1024 threads. This set asks
+    whether more loads per batch (MAX_VECS), more threads, another cluster size or plain
+    L2 policy (LOAD_HINT 0 against 3's evict-first, which may evict a row before its second
+    read) do better.
+    """
+    space = make_forward_problem(dtypes=["bfloat16"]).params
+    p2 = dict(BASE, STAGE=2, VEC_BYTES=16, PERSISTENT=0, WSMEM=0)
+    grid = list(_grid(p2, CLUSTER=[1, 2, 4, 8], THREADS=[256, 512, 1024], MAX_VECS=[1, 2, 4, 8],
+                      OCCUPANCY=[0, 2], LOAD_HINT=[0, 3], STORE_HINT=[0, 1]))
+    grid = [p for p in (dict(q, TPR=q["THREADS"]) for q in grid) if space.is_valid(p)]
+    rng = np.random.default_rng(seed)
+    out = [dict(p) for p in FWD_SEED_PARAMS if p["STAGE"] == 2]
+    out.extend(grid[int(i)] for i in rng.permutation(len(grid))[:max(0, limit - len(out))])
+    return out
+
+
 def _geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
@@ -144,7 +165,7 @@ def render_markdown(rows: list[dict[str, Any]], keys: list[str] | None = None) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", default="pipe", choices=["pipe", "short", "long", "seeds"], help="built-in variant set")
+    ap.add_argument("--set", default="pipe", choices=["pipe", "short", "long", "reread", "seeds"], help="built-in variant set")
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values to time (M as in the matrix)")
     ap.add_argument("--variants", type=Path, help="JSON list of param dicts (overrides --set)")
     ap.add_argument("--count", type=int, default=120, help="variants in the built-in set")
@@ -175,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         variants = short_set(args.count)
     elif args.set == "long":
         variants = long_set(args.count)
+    elif args.set == "reread":
+        variants = reread_set(args.count)
     else:
         variants = pipe_set(args.count)
     bad = [p for p in variants if not problem.params.is_valid(p)]
