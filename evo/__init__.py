@@ -3,7 +3,7 @@
 Core types (importable without loading the engine):
     :mod:`evo.types`  Genome, Problem, Case, ArgSpec, Launch, DeviceInfo, Evaluation, Status,
                       Record, Lesson
-    :mod:`evo.space`  ParamSpace, Choice, IntRange, FloatRange, Bool, Constraint,
+    :mod:`evo.space`  ParamSpace, Choice, IntRange, FloatRange, Bool, Constraint, Condition,
                       NumericAxis, CategoricalAxis
     :mod:`evo.codec`  versioned msgpack codec
 
@@ -22,6 +22,7 @@ from evo.space import (
     Bool,
     CategoricalAxis,
     Choice,
+    Condition,
     Constraint,
     FloatRange,
     IntRange,
@@ -53,7 +54,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "ArgSpec", "Bool", "Budget", "Candidate", "Case", "CategoricalAxis", "Choice", "Constraint", "DeviceInfo",
+    "ArgSpec", "Bool", "Budget", "Candidate", "Case", "CategoricalAxis", "Choice", "Condition", "Constraint", "DeviceInfo",
     "Engine", "EngineConfig", "Evaluation", "FloatRange", "Genome", "IntRange", "Launch", "Lesson", "NumericAxis",
     "ParamSpace", "Problem", "ProblemError", "Record", "SpaceError", "Status", "__version__",
 ]

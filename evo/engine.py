@@ -435,6 +435,7 @@ class Engine:
         queued = {item["genome"].get("id") for item in self._seed_queue if isinstance(item.get("genome"), dict)}
         queued |= {c.genome.id for c in self._pending.values()}
         for g in problem.seeds:
+            g = self._canonical(g)
             if g.id not in self.archive and g.id not in queued:
                 self._seed_queue.append({"genome": g.to_dict(), "operator": "seed", "meta": {}})
         if warm_start is not None and not self._warm_started:
@@ -861,6 +862,7 @@ class Engine:
                                     "propose() must return Genome or Proposal objects")
                 self._stats["proposals"] += 1
                 self._cost += _cost_of(meta)
+                g = self._canonical(g)  # a change of an inactive knob is the parent again
                 if g.id in seen or g.id in self.archive:
                     self._stats["duplicates"] += 1
                     self.bandit.update(plan.operator.name, 0.0, getattr(plan.operator, "cost_weight", 1.0))
@@ -870,6 +872,16 @@ class Engine:
                                                plan.island, note, meta))
             self._save_state()
         return out
+
+    def _canonical(self, g: Genome) -> Genome:
+        """``g`` with its inactive conditional params at their defaults (ParamSpace.canonical)."""
+        space = self.problem.params
+        if not space.conditions:
+            return g
+        canon = space.canonical(g.params)
+        if all(canon[k] == g.params.get(k) for k in canon):
+            return g
+        return Genome(g.source, canon, g.entry, g.language)
 
     def _operator_failed(self, plan: _Plan, exc: BaseException) -> None:
         with self._lock:

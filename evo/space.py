@@ -25,6 +25,7 @@ __all__ = [
     "Bool",
     "CategoricalAxis",
     "Choice",
+    "Condition",
     "Constraint",
     "FloatRange",
     "IntRange",
@@ -189,15 +190,75 @@ class Constraint:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """When a param matters: outside ``active(params)`` it changes neither code nor launch.
+
+    A conditional (inactive) param, as in ConfigSpace or Optuna's define-by-run spaces: e.g.
+    a pipeline depth that only one code path reads. :meth:`ParamSpace.canonical` sets an
+    inactive param to ``default``, so genomes that differ only there are one genome, one
+    record and one GPU evaluation; mutation operators leave inactive params alone.
+
+    Args:
+        param: The conditional param's name.
+        active: ``active(params) -> bool``; reads only params that are themselves
+            unconditional. Must be a top-level (picklable) function when the Problem
+            travels to worker processes.
+        default: The value an inactive ``param`` takes (one of its allowed values).
+        description: Human-readable rule, e.g. ``"PIPE only with STAGE 3"``.
+    """
+
+    param: str
+    active: Callable[[Mapping[str, Any]], bool]
+    default: ParamValue
+    description: str = ""
+
+    def __call__(self, params: Mapping[str, Any]) -> bool:
+        try:
+            return bool(self.active(params))
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            return True  # unknown: treat the param as one that matters
+
+
+@dataclass(frozen=True)
 class ParamSpace:
-    """The knobs a Problem exposes and the rules a valid assignment follows."""
+    """The knobs a Problem exposes, the rules a valid assignment follows, and which knobs
+    matter when (:class:`Condition`)."""
 
     params: Mapping[str, Param] = field(default_factory=dict)
     constraints: tuple[Constraint, ...] = ()
+    conditions: tuple[Condition, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", dict(self.params))
         object.__setattr__(self, "constraints", tuple(self.constraints))
+        object.__setattr__(self, "conditions", tuple(self.conditions))
+        seen: set[str] = set()
+        for c in self.conditions:
+            if c.param not in self.params:
+                raise SpaceError(f"condition on unknown param {c.param!r} (known: {', '.join(sorted(self.params))})")
+            if c.param in seen:
+                raise SpaceError(f"param {c.param!r} has two conditions; combine them in one active() function")
+            seen.add(c.param)
+            if not self.params[c.param].contains(c.default):
+                raise SpaceError(f"condition on {c.param!r}: default {c.default!r} is outside "
+                                 f"{self.params[c.param].describe()}")
+
+    def active(self, values: Mapping[str, Any]) -> list[str]:
+        """Names of the params that matter for ``values`` (all but the inactive conditional ones)."""
+        off = {c.param for c in self.conditions if not c(values)}
+        return [name for name in self.params if name not in off]
+
+    def canonical(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """``values`` with every inactive conditional param set to its condition's default.
+
+        Conditions are judged on ``values`` as given (they read unconditional params only).
+        Two assignments with the same canonical form compile and launch the same way.
+        """
+        out = dict(values)
+        for c in self.conditions:
+            if c.param in out and not c(values):
+                out[c.param] = c.default
+        return out
 
     def __contains__(self, name: object) -> bool:
         return name in self.params
@@ -242,7 +303,11 @@ class ParamSpace:
         raise SpaceError(f"no valid assignment found in {max_tries} draws; are the constraints satisfiable?")
 
     def describe(self) -> dict[str, Any]:
-        """A plain, deterministic description (used in fingerprints and prompts)."""
+        """A plain, deterministic description (used in fingerprints and prompts).
+
+        Conditions are left out: they change which genomes count as one, not what a genome
+        means or how it is scored, so an archive stays resumable when they are added.
+        """
         return {
             "params": {k: self.params[k].describe() for k in sorted(self.params)},
             "constraints": [c.description for c in self.constraints],

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from evo.space import CategoricalAxis, Choice, Constraint, NumericAxis, ParamSpace
+from evo.space import CategoricalAxis, Choice, Condition, Constraint, NumericAxis, ParamSpace
 from evo.types import DTYPE_BYTES, ArgSpec, Case, DeviceInfo, Genome, Launch, Problem
 from fitness import random_normal
 
@@ -319,6 +319,14 @@ def _c_row_tile(p: Mapping[str, Any]) -> bool:
     return tile * 3 // 8 + 40 <= budget
 
 
+def _a_pipeline(p: Mapping[str, Any]) -> bool:
+    return int(p["STAGE"]) == 3
+
+
+def _a_row_tiles(p: Mapping[str, Any]) -> bool:
+    return int(p["STAGE"]) in (3, 4)
+
+
 def forward_param_space() -> ParamSpace:
     """The forward kernel's knobs and the rules a valid assignment follows."""
     return ParamSpace(
@@ -352,6 +360,14 @@ def forward_param_space() -> ParamSpace:
             Constraint("STAGE 4: CLUSTER 1, TPR <= 32, and TILE_ROWS * MAX_VECS * VEC_BYTES * 3/8 + 40 registers "
                        "within 65536 / (max(OCCUPANCY, 1) * THREADS) (at most 255): the row tile without spills",
                        _c_row_tile),
+        ),
+        # Knobs only some stages read: elsewhere they change neither the cubin nor the launch
+        # (tests/examples/test_rmsnorm_compile.py compares the cubins), so the engine sets them
+        # to these defaults and never spends an evaluation on a genome that differs only there.
+        conditions=(
+            Condition("PIPE", _a_pipeline, 2, "PIPE only with STAGE 3"),
+            Condition("WSMEM", _a_pipeline, 0, "WSMEM only with STAGE 3"),
+            Condition("TILE_ROWS", _a_row_tiles, 8, "TILE_ROWS only with STAGE 3 or 4"),
         ),
     )
 
@@ -396,10 +412,10 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # STAGE 2, N=32K: a CTA of 512 threads per row, one 16-byte load per batch, the second read of
     # the row served mostly by L2; two CTAs per SM
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 2, "OCCUPANCY": 2, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 2, "WSMEM": 0},
     # STAGE 2, N >= 128K: the same, a quarter row per CTA of a 4-CTA cluster, L2 evict-first loads
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
-     "CLUSTER": 4, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 2, "OCCUPANCY": 2, "WSMEM": 0},
+     "CLUSTER": 4, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 2, "WSMEM": 0},
 )
 """Starting points, one per row-length regime (the engine searches from all of them). The
 STAGE 3 ones come from the design-space sweep ``benchmarks/rmsnorm_sweep.py`` on the H200

@@ -312,7 +312,8 @@ class ParamMutation(Operator):
         parent = parents[0].genome
         original = thaw(parent.params)
         base = _start(space, parent, rng, "parent")
-        mutable = _mutable(space)
+        active = set(space.active(base))  # a change of an inactive knob would be the parent again
+        mutable = [n for n in _mutable(space) if n in active]
         if not mutable:
             raise OperatorError(f"{self.name}: no param of the problem can take more than one value")
         out: list[Proposal | Genome] = []
@@ -386,8 +387,8 @@ class ParamCrossover(Operator):
         rng = ctx.rng
         ga, gb = parents[0].genome, parents[1].genome
         original = thaw(ga.params)
-        a = _start(space, ga, rng, "first parent")
-        b = _start(space, gb, rng, "second parent")
+        a = space.canonical(_start(space, ga, rng, "first parent"))
+        b = space.canonical(_start(space, gb, rng, "second parent"))
         differ = [k for k in space.params if not _same(a[k], b[k])]
         if not differ:
             raise OperatorError(
@@ -517,8 +518,11 @@ class ParamSweep(Operator):
     def neighbours(self, parent: Genome, space: ParamSpace) -> list[dict[str, Any]]:
         """Every valid one-knob change of ``parent``'s params, in the space's param order."""
         base = thaw(parent.params)
+        active = set(space.active(base))
         out: list[dict[str, Any]] = []
         for name in _mutable(space):
+            if name not in active:
+                continue
             current = base.get(name, _MISSING)
             if current is _MISSING:
                 continue

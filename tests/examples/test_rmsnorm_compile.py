@@ -87,3 +87,34 @@ def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert make_backward_problem().params.is_valid(params)
     log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
     assert _spills(log) == 0
+
+
+def test_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:
+    """The space's conditions are true: outside their stages PIPE, WSMEM and TILE_ROWS are dead.
+
+    The engine relies on it: it stores such genomes in canonical form and never evaluates two
+    that differ only there (evo.space.Condition).
+    """
+    from evo.types import Case, DeviceInfo
+    from examples.rmsnorm_problem import CHECK_SHAPES, TIMED_SHAPES, fwd_launch
+
+    space = forward_param_space()
+    dev = DeviceInfo("H200", "9.0", sm_count=132)
+    seeds = [dict(g.params) for g in make_forward_problem().seeds]
+    pairs = []
+    for stage in (0, 2, 4):
+        base = next(p for p in seeds if p["STAGE"] == stage)
+        moved = dict(base, PIPE=4, WSMEM=1) if stage == 4 else dict(base, PIPE=4, WSMEM=1, TILE_ROWS=64)
+        assert space.is_valid(moved) and space.canonical(moved) == base
+        pairs.append((base, moved))
+    for i, (a, b) in enumerate(pairs):
+        for shape in [*CHECK_SHAPES, *TIMED_SHAPES]:
+            for dtype in ("bfloat16", "float32"):
+                assert fwd_launch(a, Case(shape, dtype), dev) == fwd_launch(b, Case(shape, dtype), dev)
+        cubins = []
+        for j, p in enumerate((a, b)):
+            d = tmp_path / f"{i}-{j}"
+            d.mkdir()
+            nvcc_compile("rmsnorm_fwd.cu", _defines(p), d)
+            cubins.append((d / "rmsnorm_fwd.cu.cubin").read_bytes())
+        assert cubins[0] == cubins[1], f"STAGE {a['STAGE']}: the inactive knobs changed the cubin"
