@@ -119,6 +119,9 @@ class EngineConfig:
         max_attempts: Operator calls per requested candidate before ``ask`` gives up.
         max_executor_errors: Consecutive executor exceptions (harness faults, not
             candidate faults) after which ``run`` stops with :class:`EngineError`.
+        stall_rounds: Consecutive operator calls that yield no new genome (every proposal
+            already in the archive or in flight, or the operator failed) after which
+            ``run`` stops ("no new genomes"): the operators have exhausted what they reach.
         progress_interval: Seconds between progress lines and log lines.
         executor: Backend used when no evaluator is given: ``"local"`` (one isolated
             worker per visible GPU on this host) or ``"ray"`` (Ray actors across hosts).
@@ -153,6 +156,7 @@ class EngineConfig:
     failed_parents: int = 32
     max_attempts: int = 8
     max_executor_errors: int = 5
+    stall_rounds: int = 2000
     progress_interval: float = 5.0
     executor: str = "local"
     ray_address: str | None = None
@@ -181,6 +185,8 @@ class EngineConfig:
             errs.append(f"dollars_per_unit={self.dollars_per_unit} must be > 0")
         if self.max_attempts < 1:
             errs.append(f"max_attempts={self.max_attempts} must be >= 1")
+        if self.stall_rounds < 1:
+            errs.append(f"stall_rounds={self.stall_rounds} must be >= 1")
         if self.executor not in ("local", "ray"):
             errs.append(f"executor={self.executor!r} must be 'local' or 'ray'")
         if errs:
@@ -668,6 +674,7 @@ class Engine:
         props: dict[cf.Future[Any], _Plan] = {}
         stop: str | None = None
         starved = False
+        fruitless = 0  # operator calls in a row that gave no new genome
         prog = Progress(progress, interval=self.config.progress_interval)
         pool = cf.ThreadPoolExecutor(self.config.proposal_workers, thread_name_prefix="evo-propose")
         clean = False
@@ -675,6 +682,11 @@ class Engine:
             while True:
                 if stop is None:
                     stop = self._budget_reason(budget, t0)
+                if stop is None and fruitless >= self.config.stall_rounds:
+                    stop = (f"no new genomes: the last {fruitless} operator calls proposed only genomes already "
+                            "evaluated or in flight (or failed); the operators have exhausted what they reach "
+                            "from this archive: widen the ParamSpace or add operators")
+                    log.warning("%s", stop)
                 if stop is None:
                     starved = False
                     while len(evals) + len(props) < self.config.in_flight and self._room(budget, evals, props) > 0:
@@ -704,9 +716,12 @@ class Engine:
                                 continue
                             if isinstance(exc, _operator_error_type()):
                                 self._operator_failed(plan, exc)
+                                fruitless += 1
                                 continue
                             raise exc
-                        for c in self._accept(plan, fut.result()):
+                        accepted = self._accept(plan, fut.result())
+                        fruitless = 0 if accepted else fruitless + 1
+                        for c in accepted:
                             if stop is None and self._room(budget, evals, props) > 0:
                                 self._queue.remove(c.id)
                                 evals[ev.submit(c.genome)] = c.id

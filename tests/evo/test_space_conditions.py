@@ -131,3 +131,18 @@ def test_engine_never_evaluates_a_behavioural_duplicate(tmp_path: Path) -> None:
             assert dict(rec.genome.params) == space.canonical(rec.genome.params)
         assert odd_seed.id not in eng.archive
         assert Genome(odd_seed.source, space.canonical(odd_seed.params), entry=odd_seed.entry).id in eng.archive
+
+
+def test_run_stops_when_the_operators_find_nothing_new(tmp_path: Path) -> None:
+    """A space smaller than the budget: the run ends with a reason instead of spinning."""
+    base = make_problem()
+    tiny = ParamSpace({"UNROLL": Choice((1, 2)), "VEC": Choice((1,)), "THREADS": Choice((128,))})
+    problem = dataclasses.replace(base, params=tiny)
+    ex = ParamsExecutor()
+    cfg = EngineConfig(islands=1, in_flight=2, stall_rounds=50)
+    with Engine(problem, str(tmp_path / "a"), operators=[ParamMutation()], evaluator=ex, config=cfg) as eng:
+        eng.run(Budget(evaluations=20), progress=False)
+        assert len(eng.archive) == 2  # every genome the space holds
+        assert eng.last_run["stop"].startswith("no new genomes")
+    with pytest.raises(ValueError, match="stall_rounds"):
+        EngineConfig(stall_rounds=0)
