@@ -318,35 +318,31 @@ __device__ __forceinline__ float sumsq(const Vec& v) {
     return s;
 }
 
-template <int DT>
+// E consecutive fp32 weights starting at p in shared memory (16-byte aligned when E % 4 == 0).
+template <int E>
+__device__ __forceinline__ void load_w_shared(const float* p, float* f) {
+    if (E % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < E; i += 4) {
+            const float4 q = *reinterpret_cast<const float4*>(p + i);
+            f[i] = q.x; f[i + 1] = q.y; f[i + 2] = q.z; f[i + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) f[i] = p[i];
+    }
+}
+
+// y = x * rstd * w for one vector; SW: w points into shared memory (WSMEM), else global.
+template <int DT, bool SW = false>
 __device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float rstd, char* dst) {
     constexpr int E = VEC_BYTES / ES<DT>::value;
     float f[E], g[E];
     unpack<DT>(xv, f);
-    load_w<E>(w, g);
-#pragma unroll
-    for (int i = 0; i < E; ++i) f[i] = (f[i] * rstd) * g[i];
-    Vec o;
-    pack<DT>(o, f);
-    st_vec(dst, o);
-}
-
-// As norm_store, the weights read from shared memory (16-byte aligned: E % 4 == 0 there).
-template <int DT>
-__device__ __forceinline__ void norm_store_sw(const Vec& xv, const float* ws, float rstd, char* dst) {
-    constexpr int E = VEC_BYTES / ES<DT>::value;
-    float f[E], g[E];
-    unpack<DT>(xv, f);
-    if (E % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < E; i += 4) {
-            const float4 q = *reinterpret_cast<const float4*>(ws + i);
-            g[i] = q.x; g[i + 1] = q.y; g[i + 2] = q.z; g[i + 3] = q.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < E; ++i) g[i] = ws[i];
-    }
+    if (SW)
+        load_w_shared<E>(w, g);
+    else
+        load_w<E>(w, g);
 #pragma unroll
     for (int i = 0; i < E; ++i) f[i] = (f[i] * rstd) * g[i];
     Vec o;
@@ -732,11 +728,11 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
     const long long g = blockIdx.x / CLUSTER;
     const unsigned buf0 = smem_addr(buf) + wsl;
     const unsigned bar0 = smem_addr(mbar);
-    const float* wsm = reinterpret_cast<const float*>(buf);  // WSMEM: the weight slice
     const unsigned tile_bytes = static_cast<unsigned>(rows_pt) * slice;
     const char* xs = static_cast<const char*>(x) + c0 * 16;
     char* ys = static_cast<char*>(y) + c0 * 16;
     const float* ws = w + (c0 * 16) / ESZ;
+    const float* wn = WSMEM ? reinterpret_cast<const float*>(buf) : ws;  // the weights normalised with
 
     const unsigned long long pol = load_policy();
 
@@ -807,19 +803,11 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
                 if (nmine <= MAX_VECS) {  // the slice is still in registers
 #pragma unroll
                     for (int kk = 0; kk < MAX_VECS; ++kk)
-                        if (kk < nmine) {
-                            if (WSMEM)
-                                norm_store_sw<DT>(b[kk], wsm + (kk * TPR + t) * E, rstd, yr + (kk * TPR + t) * VEC_BYTES);
-                            else
-                                norm_store<DT>(b[kk], ws + (kk * TPR + t) * E, rstd, yr + (kk * TPR + t) * VEC_BYTES);
-                        }
+                        if (kk < nmine)
+                            norm_store<DT, WSMEM>(b[kk], wn + (kk * TPR + t) * E, rstd, yr + (kk * TPR + t) * VEC_BYTES);
                 } else {
-                    for (int k = 0; k < nmine; ++k) {
-                        if (WSMEM)
-                            norm_store_sw<DT>(sv[k * TPR + t], wsm + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
-                        else
-                            norm_store<DT>(sv[k * TPR + t], ws + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
-                    }
+                    for (int k = 0; k < nmine; ++k)
+                        norm_store<DT, WSMEM>(sv[k * TPR + t], wn + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
                 }
             }
 #else
@@ -837,12 +825,8 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
             const float rstd = rsqrt_of(ms);
             const Vec* sv = reinterpret_cast<const Vec*>(tb + rr * slice);
             char* yr = ys + (row0 + rr) * row_bytes;
-            for (int k = 0; k < nmine; ++k) {
-                if (WSMEM)
-                    norm_store_sw<DT>(sv[k * TPR + t], wsm + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
-                else
-                    norm_store<DT>(sv[k * TPR + t], ws + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
-            }
+            for (int k = 0; k < nmine; ++k)
+                norm_store<DT, WSMEM>(sv[k * TPR + t], wn + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
         }
 #endif
         __syncthreads();  // buffer s is read: refill it
