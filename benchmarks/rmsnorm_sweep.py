@@ -53,6 +53,12 @@ def _grid(base: Mapping[str, int], **axes: list[int]) -> Iterator[dict[str, int]
         yield dict(base, **dict(zip(names, values, strict=True)))
 
 
+def _sample(space: Any, grid: list[dict[str, int]], k: int, rng: np.random.Generator) -> list[dict[str, int]]:
+    """``k`` variants of ``grid`` that ``space`` accepts, drawn without replacement."""
+    valid = [p for p in grid if space.is_valid(p)]
+    return [valid[int(i)] for i in rng.permutation(len(valid))[:k]]
+
+
 def pipe_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     """STAGE 3 variants per row-length regime, a seeded sample of each grid, plus the seeds."""
     space = make_forward_problem(dtypes=["bfloat16"]).params
@@ -70,10 +76,7 @@ def pipe_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS]
     per = max(1, (limit - len(out)) // len(regimes))
     for grid in regimes:
-        grid = [dict(p, TPR=p["THREADS"]) if p["TPR"] == 0 else p for p in grid]
-        grid = [p for p in grid if space.is_valid(p)]
-        for i in rng.permutation(len(grid))[:per]:
-            out.append(grid[int(i)])
+        out.extend(_sample(space, [dict(p, TPR=p["THREADS"]) if p["TPR"] == 0 else p for p in grid], per, rng))
     return out
 
 
@@ -93,8 +96,7 @@ def short_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS[:3]]
     per = max(1, (limit - len(out)) // len(grids))
     for grid in grids:
-        grid = [p for p in grid if space.is_valid(p)]
-        out.extend(grid[int(i)] for i in rng.permutation(len(grid))[:per])
+        out.extend(_sample(space, grid, per, rng))
     return out
 
 
@@ -104,11 +106,9 @@ def long_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     p3 = dict(BASE, STAGE=3, VEC_BYTES=16, MAX_VECS=4, OCCUPANCY=0)
     grid = list(_grid(p3, CLUSTER=[1, 2, 4, 8, 16], THREADS=[128, 256, 512], TILE_ROWS=[1, 2], PIPE=[1, 2, 3, 4],
                       PERSISTENT=[0, 1, 2], WSMEM=[0, 1], LOAD_HINT=[0, 3], STORE_HINT=[0, 1]))
-    grid = [p for p in (dict(q, TPR=q["THREADS"]) for q in grid) if space.is_valid(p)]
-    rng = np.random.default_rng(seed)
     out = [dict(p) for p in FWD_SEED_PARAMS if p["STAGE"] == 3 and p["TPR"] == p["THREADS"] >= 256]
-    out.extend(grid[int(i)] for i in rng.permutation(len(grid))[:max(0, limit - len(out))])
-    return out
+    grid = [dict(q, TPR=q["THREADS"]) for q in grid]
+    return out + _sample(space, grid, max(0, limit - len(out)), np.random.default_rng(seed))
 
 
 def reread_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
@@ -124,11 +124,9 @@ def reread_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     p2 = dict(BASE, STAGE=2, VEC_BYTES=16, PERSISTENT=0, WSMEM=0)
     grid = list(_grid(p2, CLUSTER=[1, 2, 4, 8], THREADS=[256, 512, 1024], MAX_VECS=[1, 2, 4, 8],
                       OCCUPANCY=[0, 2], LOAD_HINT=[0, 3], STORE_HINT=[0, 1]))
-    grid = [p for p in (dict(q, TPR=q["THREADS"]) for q in grid) if space.is_valid(p)]
-    rng = np.random.default_rng(seed)
     out = [dict(p) for p in FWD_SEED_PARAMS if p["STAGE"] == 2]
-    out.extend(grid[int(i)] for i in rng.permutation(len(grid))[:max(0, limit - len(out))])
-    return out
+    grid = [dict(q, TPR=q["THREADS"]) for q in grid]
+    return out + _sample(space, grid, max(0, limit - len(out)), np.random.default_rng(seed))
 
 
 def _geomean(xs: list[float]) -> float:
