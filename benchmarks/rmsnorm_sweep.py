@@ -25,7 +25,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +53,10 @@ def _grid(base: Mapping[str, int], **axes: list[int]) -> Iterator[dict[str, int]
         yield dict(base, **dict(zip(names, values, strict=True)))
 
 
-def _sample(space: Any, grid: list[dict[str, int]], k: int, rng: np.random.Generator) -> list[dict[str, int]]:
-    """``k`` variants of ``grid`` that ``space`` accepts, drawn without replacement."""
-    valid = [p for p in grid if space.is_valid(p)]
+def _sample(space: Any, grid: list[dict[str, int]], k: int, rng: np.random.Generator,
+            exclude: Sequence[dict[str, int]] = ()) -> list[dict[str, int]]:
+    """``k`` variants of ``grid`` that ``space`` accepts and ``exclude`` lacks, drawn without replacement."""
+    valid = [p for p in grid if space.is_valid(p) and p not in exclude]
     return [valid[int(i)] for i in rng.permutation(len(valid))[:k]]
 
 
@@ -76,7 +77,8 @@ def pipe_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS]
     per = max(1, (limit - len(out)) // len(regimes))
     for grid in regimes:
-        out.extend(_sample(space, [dict(p, TPR=p["THREADS"]) if p["TPR"] == 0 else p for p in grid], per, rng))
+        out.extend(_sample(space, [dict(p, TPR=p["THREADS"]) if p["TPR"] == 0 else p for p in grid], per, rng,
+                           exclude=out))
     return out
 
 
@@ -96,7 +98,7 @@ def short_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS[:3]]
     per = max(1, (limit - len(out)) // len(grids))
     for grid in grids:
-        out.extend(_sample(space, grid, per, rng))
+        out.extend(_sample(space, grid, per, rng, exclude=out))
     return out
 
 
@@ -108,7 +110,7 @@ def long_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
                       PERSISTENT=[0, 1, 2], WSMEM=[0, 1], LOAD_HINT=[0, 3], STORE_HINT=[0, 1]))
     out = [dict(p) for p in FWD_SEED_PARAMS if p["STAGE"] == 3 and p["TPR"] == p["THREADS"] >= 256]
     grid = [dict(q, TPR=q["THREADS"]) for q in grid]
-    return out + _sample(space, grid, max(0, limit - len(out)), np.random.default_rng(seed))
+    return out + _sample(space, grid, max(0, limit - len(out)), np.random.default_rng(seed), exclude=out)
 
 
 def reread_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
@@ -126,7 +128,7 @@ def reread_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
                       OCCUPANCY=[0, 2], LOAD_HINT=[0, 3], STORE_HINT=[0, 1]))
     out = [dict(p) for p in FWD_SEED_PARAMS if p["STAGE"] == 2]
     grid = [dict(q, TPR=q["THREADS"]) for q in grid]
-    return out + _sample(space, grid, max(0, limit - len(out)), np.random.default_rng(seed))
+    return out + _sample(space, grid, max(0, limit - len(out)), np.random.default_rng(seed), exclude=out)
 
 
 def _geomean(xs: list[float]) -> float:
