@@ -11,6 +11,7 @@ search is still what produces the example's archive.
     python benchmarks/rmsnorm_sweep.py --set long --shapes 16384,32768,65536,131072,262144 --count 90
     python benchmarks/rmsnorm_sweep.py --set reread --shapes 32768,65536,131072,262144 --count 80
     python benchmarks/rmsnorm_sweep.py --variants my_variants.json --limit 300
+    python benchmarks/rmsnorm_sweep.py --set seeds --source old_rmsnorm_fwd.cu --out sweep-old
     python benchmarks/rmsnorm_sweep.py --render sweep-out/sweep.jsonl > sweep.md
 
 Writes ``sweep.jsonl`` (one line per evaluation, as it finishes) and ``sweep.md`` (variants
@@ -39,6 +40,7 @@ from evo.types import Genome, Status  # noqa: E402
 from examples.rmsnorm_problem import (  # noqa: E402
     FWD_ENTRY,
     FWD_SEED_PARAMS,
+    SMEM_CAP,
     TIMED_SHAPES,
     forward_source,
     make_forward_problem,
@@ -131,6 +133,40 @@ def reread_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     return out + _sample(space, grid, max(0, limit - len(out)), np.random.default_rng(seed), exclude=out)
 
 
+def cluster_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
+    """Long rows held on chip by a cluster: STAGE 0 (registers) and STAGE 1 (shared memory).
+
+    Each CTA of a CLUSTER-CTA cluster holds its slice of one row, so x is read once and the
+    partial sums meet through distributed shared memory (the layout the fastest peers use
+    for N >= 64K). Only tiles that hold a whole slice of at least one timed row length
+    enter (registers: ``THREADS * MAX_VECS * 16 B * CLUSTER >= row``; shared memory: the
+    slice within the STAGE 1 cap), so no variant falls back to re-reading everywhere.
+    """
+    space = make_forward_problem(dtypes=["bfloat16"]).params
+    rows = [n * 2 for n in (32768, 65536, 131072, 262144)]  # bf16 row bytes of the long shapes
+    base = dict(BASE, VEC_BYTES=16, PERSISTENT=0, OCCUPANCY=0, WSMEM=0)
+    first = [dict(base, STAGE=0, THREADS=256, TPR=256, MAX_VECS=8, CLUSTER=c, LOAD_HINT=0, STORE_HINT=1)
+             for c in (2, 4, 8, 16)]
+    grid = [dict(q, TPR=q["THREADS"]) for q in itertools.chain(
+        _grid(dict(base, STAGE=0), CLUSTER=[2, 4, 8, 16], THREADS=[128, 256, 512], MAX_VECS=[2, 4, 8, 16],
+              LOAD_HINT=[0, 1, 3], STORE_HINT=[0, 1]),
+        _grid(dict(base, STAGE=1), CLUSTER=[2, 4, 8, 16], THREADS=[128, 256, 512, 1024], MAX_VECS=[2, 4, 8],
+              LOAD_HINT=[0, 3], STORE_HINT=[0, 1]))]
+
+    def holds(p: dict[str, int]) -> bool:
+        if p["STAGE"] == 0:
+            return any(p["THREADS"] * p["MAX_VECS"] * 16 * p["CLUSTER"] >= r for r in rows)
+        return any(r // p["CLUSTER"] <= SMEM_CAP for r in rows)
+
+    out = [p for p in first if space.is_valid(p)]
+    grid = [p for p in grid if holds(p)]
+    return out + _sample(space, grid, max(0, limit - len(out)), np.random.default_rng(seed), exclude=out)
+
+
+SETS = {"pipe": pipe_set, "short": short_set, "long": long_set, "reread": reread_set, "cluster": cluster_set}
+"""The built-in variant sets by ``--set`` name (``seeds`` is the Problem's seed genomes)."""
+
+
 def _geomean(xs: list[float]) -> float:
     xs = [x for x in xs if x and x > 0]
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
@@ -165,13 +201,15 @@ def render_markdown(rows: list[dict[str, Any]], keys: list[str] | None = None) -
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--set", default="pipe", choices=["pipe", "short", "long", "reread", "seeds"], help="built-in variant set")
+    ap.add_argument("--set", default="pipe", choices=[*SETS, "seeds"], help="built-in variant set")
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values to time (M as in the matrix)")
     ap.add_argument("--variants", type=Path, help="JSON list of param dicts (overrides --set)")
     ap.add_argument("--count", type=int, default=120, help="variants in the built-in set")
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--limit", type=float, default=400.0, help="stop submitting after this many seconds")
     ap.add_argument("--out", type=Path, default=Path("sweep-out"))
+    ap.add_argument("--source", type=Path, help="kernel file to sweep instead of examples/kernels/rmsnorm_fwd.cu "
+                    "(e.g. an earlier revision, to compare two in one device session)")
     ap.add_argument("--render", type=Path, metavar="JSONL", help="only print the table of a finished sweep's sweep.jsonl")
     args = ap.parse_args(argv)
     if args.render:
@@ -192,20 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         variants = json.loads(args.variants.read_text())
     elif args.set == "seeds":
         variants = [dict(p) for p in FWD_SEED_PARAMS]
-    elif args.set == "short":
-        variants = short_set(args.count)
-    elif args.set == "long":
-        variants = long_set(args.count)
-    elif args.set == "reread":
-        variants = reread_set(args.count)
     else:
-        variants = pipe_set(args.count)
+        variants = SETS[args.set](args.count)
     bad = [p for p in variants if not problem.params.is_valid(p)]
     if bad:
         raise SystemExit(f"{len(bad)} variants break the space's rules, e.g. {bad[0]}: "
                          f"{problem.params.violations(bad[0])}")
     args.out.mkdir(parents=True, exist_ok=True)
-    src = forward_source()
+    src = args.source.read_text() if args.source else forward_source()
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     print(f"{len(variants)} variants, {len(problem.timed_cases())} timed cases each", flush=True)

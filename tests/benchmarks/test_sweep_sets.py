@@ -12,10 +12,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import rmsnorm_sweep  # noqa: E402
 
 from examples.rmsnorm_problem import make_forward_problem  # noqa: E402
+from fitness._device import gpu_available  # noqa: E402
 
 
-@pytest.mark.parametrize("make", [rmsnorm_sweep.pipe_set, rmsnorm_sweep.short_set, rmsnorm_sweep.long_set,
-                                  rmsnorm_sweep.reread_set])
+@pytest.mark.parametrize("make", list(rmsnorm_sweep.SETS.values()), ids=list(rmsnorm_sweep.SETS))
 @pytest.mark.parametrize("count", [40, 120])
 def test_sets_are_valid_and_distinct(make, count: int) -> None:
     space = make_forward_problem(dtypes=["bfloat16"]).params
@@ -28,3 +28,25 @@ def test_sets_are_valid_and_distinct(make, count: int) -> None:
 def test_bad_shapes_argument_is_a_clear_error() -> None:
     with pytest.raises(SystemExit, match="no standard shape"):
         rmsnorm_sweep.main(["--shapes", "7", "--set", "seeds"])
+
+
+def test_cluster_set_holds_a_row_slice_on_chip() -> None:
+    """Every variant of the cluster set keeps a whole row slice of some long shape on chip."""
+    variants = rmsnorm_sweep.cluster_set(90)
+    assert all(p["STAGE"] in (0, 1) and p["CLUSTER"] > 1 and p["TPR"] == p["THREADS"] for p in variants)
+    for p in variants:  # registers: the tile covers the shortest long row (32K bf16) at least
+        if p["STAGE"] == 0:
+            assert p["THREADS"] * p["MAX_VECS"] * 16 * p["CLUSTER"] >= 32768 * 2, p
+    assert {p["STAGE"] for p in variants} == {0, 1}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+def test_source_option_reads_the_given_kernel(tmp_path: Path) -> None:
+    """--source sweeps another kernel file: a broken one fails to compile, and says so in the table."""
+    bad = tmp_path / "broken.cu"
+    bad.write_text('extern "C" __global__ void rmsnorm_fwd(float* y) { this does not compile }\n')
+    out = tmp_path / "sweep"
+    assert rmsnorm_sweep.main(["--set", "seeds", "--shapes", "1024", "--source", str(bad), "--out", str(out),
+                               "--limit", "60"]) == 0
+    assert "FAILED" in (out / "sweep.md").read_text()
