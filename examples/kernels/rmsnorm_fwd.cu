@@ -192,15 +192,17 @@ __device__ __forceinline__ void ld_vec(Vec& v, const void* p, unsigned long long
 #endif
 }
 
+// No "memory" clobber: nothing in the kernel reads y back, and a clobber would pin every later
+// load (the next vector's weights, its shared-memory slot) behind this store, so each vector of
+// a row would wait out a full L2 round trip before the next could start.
 __device__ __forceinline__ void st_vec(void* p, const Vec& v) {
 #if VEC_BYTES == 16
     asm volatile(ST_OP ".v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), "r"(v.w[2]),
-                 "r"(v.w[3])
-                 : "memory");
+                 "r"(v.w[3]));
 #elif VEC_BYTES == 8
-    asm volatile(ST_OP ".v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]) : "memory");
+    asm volatile(ST_OP ".v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]));
 #else
-    asm volatile(ST_OP ".u32 [%0], %1;" ::"l"(p), "r"(v.w[0]) : "memory");
+    asm volatile(ST_OP ".u32 [%0], %1;" ::"l"(p), "r"(v.w[0]));
 #endif
 }
 
@@ -333,21 +335,29 @@ __device__ __forceinline__ void load_w_shared(const float* p, float* f) {
     }
 }
 
-// y = x * rstd * w for one vector; SW: w points into shared memory (WSMEM), else global.
-template <int DT, bool SW = false>
-__device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float rstd, char* dst) {
+// y = x * rstd * g for one vector, g its E weights already in registers.
+template <int DT>
+__device__ __forceinline__ void norm_store_g(const Vec& xv, const float* g, float rstd, char* dst) {
     constexpr int E = VEC_BYTES / ES<DT>::value;
-    float f[E], g[E];
+    float f[E];
     unpack<DT>(xv, f);
-    if (SW)
-        load_w_shared<E>(w, g);
-    else
-        load_w<E>(w, g);
 #pragma unroll
     for (int i = 0; i < E; ++i) f[i] = (f[i] * rstd) * g[i];
     Vec o;
     pack<DT>(o, f);
     st_vec(dst, o);
+}
+
+// y = x * rstd * w for one vector; SW: w points into shared memory (WSMEM), else global.
+template <int DT, bool SW = false>
+__device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float rstd, char* dst) {
+    constexpr int E = VEC_BYTES / ES<DT>::value;
+    float g[E];
+    if (SW)
+        load_w_shared<E>(w, g);
+    else
+        load_w<E>(w, g);
+    norm_store_g<DT>(xv, g, rstd, dst);
 }
 
 // 1 / sqrt(ms): rsqrt.approx.ftz.f32 or the precise form (RSQRT_APPROX).
@@ -599,13 +609,7 @@ __device__ __forceinline__ void rmsnorm_rowtile(const void* __restrict__ x, cons
             for (int k = 0; k < MAX_VECS; ++k) {
                 if (k < nmine) {
                     if (WCACHE) {
-                        float f[E];
-                        unpack<DT>(v[j][k], f);
-#pragma unroll
-                        for (int i = 0; i < E; ++i) f[i] = (f[i] * rstd) * wr[WCACHE ? k : 0][WCACHE ? i : 0];
-                        Vec o;
-                        pack<DT>(o, f);
-                        st_vec(yr + (k * TPR + t) * VEC_BYTES, o);
+                        norm_store_g<DT>(v[j][k], wr[WCACHE ? k : 0], rstd, yr + (k * TPR + t) * VEC_BYTES);
                     } else {
                         norm_store<DT>(v[j][k], w + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
                     }
@@ -806,6 +810,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
                         if (kk < nmine)
                             norm_store<DT, WSMEM>(b[kk], wn + (kk * TPR + t) * E, rstd, yr + (kk * TPR + t) * VEC_BYTES);
                 } else {
+#pragma unroll 4
                     for (int k = 0; k < nmine; ++k)
                         norm_store<DT, WSMEM>(sv[k * TPR + t], wn + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
                 }
@@ -825,6 +830,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
             const float rstd = rsqrt_of(ms);
             const Vec* sv = reinterpret_cast<const Vec*>(tb + rr * slice);
             char* yr = ys + (row0 + rr) * row_bytes;
+#pragma unroll 4
             for (int k = 0; k < nmine; ++k)
                 norm_store<DT, WSMEM>(sv[k * TPR + t], wn + (k * TPR + t) * E, rstd, yr + (k * TPR + t) * VEC_BYTES);
         }
