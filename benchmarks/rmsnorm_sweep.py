@@ -10,6 +10,7 @@ search is still what produces the example's archive.
     python benchmarks/rmsnorm_sweep.py --set short --shapes 256,512,1024,2048 --count 80
     python benchmarks/rmsnorm_sweep.py --set long --shapes 16384,32768,65536,131072,262144 --count 90
     python benchmarks/rmsnorm_sweep.py --set reread --shapes 32768,65536,131072,262144 --count 80
+    python benchmarks/rmsnorm_sweep.py --set cluster --shapes 32768,65536,131072,262144 --count 90
     python benchmarks/rmsnorm_sweep.py --variants my_variants.json --limit 300
     python benchmarks/rmsnorm_sweep.py --set seeds --source old_rmsnorm_fwd.cu --out sweep-old
     python benchmarks/rmsnorm_sweep.py --render sweep-out/sweep.jsonl > sweep.md
