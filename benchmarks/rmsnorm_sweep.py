@@ -237,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise SystemExit(f"{len(bad)} variants break the space's rules, e.g. {bad[0]}: "
                          f"{problem.params.violations(bad[0])}")
+    if args.source is not None and not args.source.is_file():
+        raise SystemExit(f"--source {args.source}: no such kernel file (give a .cu file, e.g. an earlier "
+                         "revision from 'git show REV:examples/kernels/rmsnorm_fwd.cu > old.cu')")
     args.out.mkdir(parents=True, exist_ok=True)
     src = args.source.read_text() if args.source else forward_source()
     rows: list[dict[str, Any]] = []

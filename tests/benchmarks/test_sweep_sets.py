@@ -40,6 +40,12 @@ def test_cluster_set_holds_a_row_slice_on_chip() -> None:
     assert {p["STAGE"] for p in variants} == {0, 1}
 
 
+def test_missing_source_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no such kernel file"):
+        rmsnorm_sweep.main(["--set", "seeds", "--source", str(tmp_path / "nope.cu"), "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()  # nothing written
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
 def test_source_option_reads_the_given_kernel(tmp_path: Path) -> None:
