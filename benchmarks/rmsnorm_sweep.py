@@ -14,6 +14,7 @@ search is still what produces the example's archive.
     python benchmarks/rmsnorm_sweep.py --variants my_variants.json --limit 300
     python benchmarks/rmsnorm_sweep.py --set seeds --source old_rmsnorm_fwd.cu --out sweep-old
     python benchmarks/rmsnorm_sweep.py --render sweep-out/sweep.jsonl > sweep.md
+    python benchmarks/rmsnorm_sweep.py --compare sweep-out/sweep.jsonl sweep-old/sweep.jsonl > compare.md
 
 Writes ``sweep.jsonl`` (one line per evaluation, as it finishes) and ``sweep.md`` (variants
 by geometric-mean fraction of copy, one column per timed shape, and the best per shape).
@@ -173,6 +174,47 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
 
 
+_KNOBS = ["STAGE", "THREADS", "TPR", "CLUSTER", "PIPE", "TILE_ROWS", "PERSISTENT", "MAX_VECS", "VEC_BYTES",
+          "LOAD_HINT", "STORE_HINT", "OCCUPANCY", "WSMEM"]
+
+
+def _variant_name(params: Mapping[str, Any]) -> str:
+    return " ".join(f"{k[:2]}{params.get(k, '-')}" for k in _KNOBS)
+
+
+def render_comparison(new: list[dict[str, Any]], old: list[dict[str, Any]]) -> str:
+    """Time ratios ``old / new`` (> 1: ``new`` faster) of the variants two sweeps share, per case.
+
+    Compares times per launch, not fractions of copy: each sweep's worker measures its own
+    copy ceiling, and a different ceiling moves every fraction of a run alike. Meant for two
+    sweeps of the same variants in one device session (e.g. ``--source`` with the previous
+    kernel), where the ratio is the change's effect; variants that failed in either are listed.
+    """
+    def key(r: Mapping[str, Any]) -> str:
+        return json.dumps(r["params"], sort_keys=True)
+
+    before = {key(r): r for r in old}
+    shared = [(r, before[key(r)]) for r in new if key(r) in before]
+    keys = next((list(a["cases"]) for a, b in shared if a["cases"] and b["cases"]), [])
+    short = [k.split(",N=")[1].split(":")[0] if ",N=" in k else k for k in keys]
+    lines = ["| variant | regs new / old | " + " | ".join(short) + " | geomean |",
+             "| --- | ---: | " + " | ".join("---:" for _ in keys) + " | ---: |"]
+    failed = []
+    ratios: list[tuple[float, str]] = []
+    for a, b in shared:
+        if not a["cases"] or not b["cases"]:
+            failed.append(f"{_variant_name(a['params'])}: new {a['status']}, old {b['status']}")
+            continue
+        rs = [b["cases"][k]["time_ms"] / a["cases"][k]["time_ms"] if k in a["cases"] and k in b["cases"] else None
+              for k in keys]
+        g = _geomean([x for x in rs if x])
+        ratios.append((g, f"| {_variant_name(a['params'])} | {a['registers']} / {b['registers']} | "
+                       + " | ".join("-" if x is None else f"{x:.3f}" for x in rs) + f" | {g:.3f} |"))
+    lines += [row for _, row in sorted(ratios, key=lambda t: -t[0])]
+    lines += [f"\nFAILED {f}" for f in failed]
+    return "\n".join(lines) + f"\n\n{len(ratios)} variants in both sweeps; ratio = old time / new time.\n"
+
+
 def render_markdown(rows: list[dict[str, Any]], keys: list[str] | None = None) -> str:
     """The sweep table: variants by geometric-mean fraction of copy, one column per case, best per case.
 
@@ -185,11 +227,9 @@ def render_markdown(rows: list[dict[str, Any]], keys: list[str] | None = None) -
     short = [k.split(",N=")[1].split(":")[0] if ",N=" in k else k for k in keys]
     lines = ["| variant | regs | geomean | " + " | ".join(short) + " |",
              "| --- | ---: | ---: | " + " | ".join("---:" for _ in keys) + " |"]
-    knobs = ["STAGE", "THREADS", "TPR", "CLUSTER", "PIPE", "TILE_ROWS", "PERSISTENT", "MAX_VECS", "VEC_BYTES",
-             "LOAD_HINT", "STORE_HINT", "OCCUPANCY", "WSMEM"]
     for r in ok:
         fr = [r["cases"].get(k, {}).get("fraction") for k in keys]
-        name = " ".join(f"{k[:2]}{r['params'].get(k, '-')}" for k in knobs)
+        name = _variant_name(r["params"])
         lines.append(f"| {name} | {r['registers']} | {_geomean([f or 0 for f in fr]):.3f} | "
                      + " | ".join("-" if f is None else f"{f:.3f}" for f in fr) + " |")
     best = [max((r["cases"].get(k, {}).get("fraction") or 0 for r in ok), default=0) for k in keys]
@@ -212,7 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--source", type=Path, help="kernel file to sweep instead of examples/kernels/rmsnorm_fwd.cu "
                     "(e.g. an earlier revision, to compare two in one device session)")
     ap.add_argument("--render", type=Path, metavar="JSONL", help="only print the table of a finished sweep's sweep.jsonl")
+    ap.add_argument("--compare", type=Path, nargs=2, metavar=("NEW", "OLD"),
+                    help="only print time ratios OLD/NEW of two finished sweeps' sweep.jsonl (same variants)")
     args = ap.parse_args(argv)
+    if args.compare:
+        for f in args.compare:
+            if not f.is_file():
+                raise SystemExit(f"--compare: {f} is not a file (give two sweep.jsonl files)")
+        new, old = ([json.loads(line) for line in f.read_text().splitlines() if line.strip()] for f in args.compare)
+        print(render_comparison(new, old), end="")
+        return 0
     if args.render:
         print(render_markdown([json.loads(line) for line in args.render.read_text().splitlines() if line.strip()]),
               end="")

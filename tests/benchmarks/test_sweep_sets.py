@@ -56,3 +56,26 @@ def test_source_option_reads_the_given_kernel(tmp_path: Path) -> None:
     assert rmsnorm_sweep.main(["--set", "seeds", "--shapes", "1024", "--source", str(bad), "--out", str(out),
                                "--limit", "60"]) == 0
     assert "FAILED" in (out / "sweep.md").read_text()
+
+
+def _row(params: dict, times: dict[str, float] | None, registers: int = 64) -> dict:
+    cases = {k: {"time_ms": t, "fraction": 0.5} for k, t in (times or {}).items()}
+    return {"params": params, "status": "ok" if times else "incorrect", "registers": registers, "cases": cases}
+
+
+def test_comparison_reports_time_ratios_of_shared_variants() -> None:
+    k1, k2 = "M=32768,N=8192:bfloat16", "M=8192,N=262144:bfloat16"
+    a, b, c = {"STAGE": 3, "THREADS": 128}, {"STAGE": 0, "THREADS": 256}, {"STAGE": 2, "THREADS": 512}
+    new = [_row(a, {k1: 1.0, k2: 2.0}), _row(b, {k1: 2.0, k2: 2.0}), _row(c, None)]
+    old = [_row(b, {k1: 1.0, k2: 2.0}, registers=80), _row(a, {k1: 1.1, k2: 2.2}), _row(c, {k1: 1.0, k2: 1.0})]
+    text = rmsnorm_sweep.render_comparison(new, old)
+    lines = [ln for ln in text.splitlines() if ln.startswith("| ST")]
+    assert lines[0].startswith("| ST3 TH128") and "| 1.100 | 1.100 | 1.100 |" in lines[0]  # faster first
+    assert "| 64 / 80 | 0.500 | 1.000 |" in lines[1]
+    assert "FAILED ST2 TH512" in text and "new incorrect, old ok" in text
+    assert "2 variants in both sweeps" in text
+
+
+def test_compare_needs_two_files(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="is not a file"):
+        rmsnorm_sweep.main(["--compare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])
