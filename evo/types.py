@@ -10,7 +10,11 @@ The harness (``fitness``), never the genome, allocates every buffer and launches
 kernel. For one :class:`Case` (a shape and a dtype) the Problem says:
 
 * ``signature(case)`` -> the kernel's buffer arguments, in order, as :class:`ArgSpec`
-  (name, element count, storage dtype, role ``"in"`` or ``"out"``);
+  (name, element count, storage dtype, role ``"in"``, ``"out"`` or ``"workspace"``);
+  a workspace is memory the kernel may use freely (per-CTA partial sums, tickets):
+  the harness hands it over all zeros and the kernel must return it all zeros, which
+  is checked after every checked launch, so no state survives from one launch to the
+  next;
 * ``scalars(case)`` -> the scalar arguments that follow the buffers, as
   ``(ctype, value)`` pairs with ctype in ``int32``, ``int64``, ``uint32``, ``float32``;
 * ``make_inputs(case, rng, xp)`` -> float32/float64/int arrays for every ``"in"`` buffer
@@ -574,9 +578,17 @@ class Case:
         return cls({k: int(v) for k, v in (p.split("=") for p in dims.split(","))}, dtype)
 
 
+ARG_ROLES = ("in", "out", "workspace")
+
+
 @dataclass(frozen=True)
 class ArgSpec:
-    """A buffer argument of the kernel: ``numel`` elements of ``dtype``; role ``in`` or ``out``."""
+    """A buffer argument of the kernel: ``numel`` elements of ``dtype``.
+
+    ``role``: ``"in"`` (filled by ``make_inputs``, must not change), ``"out"`` (compared
+    with the reference; poisoned before each launch) or ``"workspace"`` (zeroed once by the
+    harness; the kernel may read and write it but must leave it all zeros when it returns).
+    """
 
     name: str
     numel: int
@@ -584,8 +596,9 @@ class ArgSpec:
     role: str = "in"
 
     def __post_init__(self) -> None:
-        if self.role not in ("in", "out"):
-            raise ProblemError(f"ArgSpec {self.name!r}: role must be 'in' or 'out', got {self.role!r}")
+        if self.role not in ARG_ROLES:
+            raise ProblemError(f"ArgSpec {self.name!r}: role must be one of {', '.join(map(repr, ARG_ROLES))}, "
+                               f"got {self.role!r}")
         if self.dtype not in DTYPE_BYTES:
             raise ProblemError(f"ArgSpec {self.name!r}: unknown dtype {self.dtype!r} (known: {sorted(DTYPE_BYTES)})")
 

@@ -325,6 +325,9 @@ def _specs(problem: Problem, case: Case) -> list[ArgSpec]:
 
 def _new_set(backend: Backend, specs: Sequence[ArgSpec], scalars: Sequence[Any], canary: Any) -> _CaseSet:
     bufs = allocate_buffers(specs, canary, backend.xp, GUARD_BYTES)
+    for b in bufs.values():
+        if b.spec.role == "workspace":  # handed over all zeros; the kernel must return it so
+            b.array.fill(0)
     args = [bufs[s.name].array for s in specs] + list(scalars)
     return _CaseSet(bufs, args)
 
@@ -356,9 +359,16 @@ def _poison_outputs(backend: Backend, cs: _CaseSet) -> None:
 
 
 def _integrity(backend: Backend, cs: _CaseSet) -> str | None:
-    """Guards intact and inputs unchanged; else the reason."""
+    """Guards intact, inputs unchanged and workspaces back to all zeros; else the reason."""
     xp = backend.xp
     problems = [r for r in (b.check(xp) for b in cs.buffers.values()) if r]
+    for name, b in cs.buffers.items():
+        if b.spec.role == "workspace":
+            dirty = int(xp.count_nonzero(b.array.view(xp.uint8)))
+            if dirty:
+                problems.append(f"the kernel left {dirty} non-zero byte(s) in its workspace {name!r} (a workspace "
+                                "is handed over all zeros and must be returned all zeros, e.g. the last CTA "
+                                "that reads the partial sums clears them and resets its ticket counter)")
     for name, expected in cs.in_sums.items():
         if checksum(cs.buffers[name].array, xp) != expected:
             problems.append(f"the kernel modified its input {name!r} (inputs are read-only; "
@@ -749,6 +759,10 @@ class Timing(Stage):
             _poison_outputs(backend, cs)
             backend.launch(kernel, launch, cs.args, device)
             backend.synchronize()
+            bad = _integrity(backend, cs)
+            if bad:
+                msg = f"case {case.key}, relaunch on timed set 1: {bad}"
+                return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
             for n, want_sum in before.items():
                 if checksum(cs.buffers[n].array, xp) != want_sum:
                     msg = (f"case {case.key}: output {n!r} is not deterministic: a relaunch on the same inputs "

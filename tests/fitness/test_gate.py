@@ -7,6 +7,7 @@ the same stages on cupy with nvcc-compiled cubins.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from evo.types import Case, DeviceInfo, Genome, Launch, ProblemError, Status
+from evo.types import ArgSpec, Case, DeviceInfo, Genome, Launch, ProblemError, Status
 from fitness._device import (
     BACKEND_KEY,
     Backend,
@@ -183,6 +184,70 @@ def run_stage(stage, entry, problem=None, seed=1234, backend=None, options=None)
     ctx = StageContext(device=CPU_DEVICE, seed=seed, scratch={BACKEND_KEY: backend},
                        options=options or {"warmup_ms": 1.0, "min_batch_ms": 0.5, "timing_target_ms": 5.0})
     return stage.run(job, ctx), backend
+
+
+# --------------------------------------------------------------------------- workspace buffers
+
+
+def _ws_signature(case):
+    return list(rp.signature(case)) + [ArgSpec("ws", 96, "int32", "workspace")]
+
+
+def ws_problem():
+    """The row-scale problem with a workspace buffer after y (kernel args: x, w, y, ws, scalars)."""
+    return dataclasses.replace(small_problem(), signature=_ws_signature)
+
+
+def _ws_args(args):
+    return args[:3] + args[4:], args[3]
+
+
+def k_ws_good(launch, args, state):
+    plain, ws = _ws_args(args)
+    state.setdefault("ws_at_entry", []).append(int(np.count_nonzero(ws)))
+    ws[:] = np.arange(1, ws.size + 1)  # per-CTA partials, a ticket ...
+    k_good(launch, plain, state)
+    ws[:] = 0  # ... cleared by the last CTA
+
+
+def k_ws_dirty(launch, args, state):
+    plain, ws = _ws_args(args)
+    k_good(launch, plain, state)
+    ws[5] = 7  # a ticket never reset
+
+
+def k_ws_cache(launch, args, state):
+    # keeps "already computed" in the workspace and skips the work when it is set
+    plain, ws = _ws_args(args)
+    if ws[0] == 0:
+        k_good(launch, plain, state)
+        ws[0] = 1
+
+
+WS_KERNELS = {"ws_good": k_ws_good, "ws_dirty": k_ws_dirty, "ws_cache": k_ws_cache}
+
+
+def test_argspec_roles():
+    assert ArgSpec("ws", 4, "int32", "workspace").role == "workspace"
+    with pytest.raises(ProblemError, match="role must be one of 'in', 'out', 'workspace'"):
+        ArgSpec("t", 4, "int32", "temp")
+
+
+@pytest.mark.parametrize("stage", [Correctness(), Timing()], ids=["correctness", "timing"])
+def test_workspace_is_handed_over_zeroed_and_may_be_used(stage):
+    backend = NumpyBackend(WS_KERNELS)
+    res, _ = run_stage(stage, "ws_good", problem=ws_problem(), backend=backend)
+    assert res.ok, res.artifacts
+    seen = backend.state["ws_at_entry"]
+    assert len(seen) == backend.launches and set(seen) == {0}
+
+
+@pytest.mark.parametrize("stage", [Correctness(), Timing()], ids=["correctness", "timing"])
+@pytest.mark.parametrize("entry", ["ws_dirty", "ws_cache"])
+def test_workspace_left_dirty_is_incorrect(stage, entry):
+    res, _ = run_stage(stage, entry, problem=ws_problem(), backend=NumpyBackend(WS_KERNELS))
+    assert not res.ok and res.status is Status.INCORRECT
+    assert "non-zero byte(s) in its workspace 'ws'" in res.artifacts["mismatch"], res.artifacts["mismatch"]
 
 
 # --------------------------------------------------------------------------- correctness on the CPU
