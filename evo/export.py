@@ -74,6 +74,10 @@ _TEMPLATE = '''\
 
 Genomes: {count} (one per exported case). Call ``run(*buffers, shape=..., dtype=...)``
 with cupy arrays in the kernel's buffer order; ``select`` and ``launch_config`` need no GPU.
+Workspace buffers of the signature may be left out of ``buffers``: the module then passes
+its own, one per device and buffer, zeroed once (the kernels return them zeroed; made on the
+first call, so that later calls can be recorded in a CUDA graph). Calls running at the same
+time on several streams of one device need their own workspaces: pass them.
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ _FUNCS = _DATA["funcs"]
 _CTYPES = {{"int32": "int32", "int64": "int64", "uint32": "uint32", "float32": "float32"}}
 _cache = {{}}
 _dyn = {{}}  # dynamic shared memory limit set per case's kernel
+_ws = {{}}  # (device, name, bytes) -> zeroed workspace
 
 
 def _func(name):
@@ -132,12 +137,39 @@ def _kernel(g):
     return _cache[key]
 
 
+def _with_workspaces(buffers, case):
+    """``buffers`` with the module's own zeroed workspaces where the signature has them."""
+    import cupy
+    specs = list(_func("signature")(case))
+    ws = [s for s in specs if s.role == "workspace"]
+    if len(buffers) == len(specs) or not ws:
+        return tuple(buffers)
+    if len(buffers) != len(specs) - len(ws):
+        names = [s.name for s in specs if s.role != "workspace"]
+        raise TypeError(f"run() takes the buffers {{names}} (workspaces optional), got {{len(buffers)}}")
+    it = iter(buffers)
+    out = []
+    for s in specs:
+        if s.role != "workspace":
+            out.append(next(it))
+            continue
+        key = (cupy.cuda.runtime.getDevice(), s.name, s.nbytes)
+        if key not in _ws:  # not per stream: a capture stream would allocate inside the capture
+            _ws[key] = cupy.zeros(max(1, s.nbytes), dtype=cupy.uint8)
+            _ws[key].data.device.synchronize()
+        out.append(_ws[key])
+    return tuple(out)
+
+
 def run(*buffers, shape, dtype, device=None, stream=None):
     """Launch the selected genome on cupy ``buffers`` (the Problem's signature order)."""
     import cupy
     import numpy as np
     g = select(shape, dtype)
     case = _case(shape, dtype)
+    stream = stream or cupy.cuda.get_current_stream()
+    if "signature" in _FUNCS:
+        buffers = _with_workspaces(buffers, case)
     launch = _func("launch")(g["params"], case, device)
     scalars = [getattr(np, _CTYPES[t])(v) for t, v in (_func("scalars")(case) if "scalars" in _FUNCS else [])]
     kern = _kernel(g)
@@ -147,7 +179,7 @@ def run(*buffers, shape, dtype, device=None, stream=None):
     if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
         fptr = kern.kernel.ptr if hasattr(kern, "kernel") else kern.ptr  # RawKernel wraps a Function
         cupy.cuda.driver.funcSetAttribute(fptr, 14, 1)  # NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-    with (stream or cupy.cuda.get_current_stream()):
+    with stream:
         kern(launch.grid, launch.block, tuple(buffers) + tuple(scalars), shared_mem=launch.shared_mem)
 '''
 
@@ -176,6 +208,9 @@ def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code
     if problem.scalars is not None:
         funcs["scalars"] = _qualname(problem.scalars, "scalars")
     genomes = []
+    if problem.signature is not None and any(
+            s.role == "workspace" for key in best for s in problem.signature(Case.from_key(key))):
+        funcs["signature"] = _qualname(problem.signature, "signature")  # run() supplies the workspaces
     for key, rec in best.items():
         case = Case.from_key(key)
         m = rec.evaluation.metrics["cases"][key]

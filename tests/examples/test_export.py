@@ -50,3 +50,22 @@ def test_export_nothing_raises(tmp_path: Path) -> None:
     prob = make_forward_problem(timed=[{"M": 64, "N": 256}], dtypes=["float32"])
     with pytest.raises(ExportError, match="no OK record"):
         export_module([], prob, tmp_path / "x.py")
+
+
+def test_export_names_the_signature_only_when_a_workspace_needs_it(tmp_path: Path) -> None:
+    """The backward's workspace is supplied by the dispatch module, which then needs the signature."""
+    import json
+
+    from examples.rmsnorm_problem import make_backward_problem
+
+    fwd = make_forward_problem(timed=[{"M": 64, "N": 256}], dtypes=["float32"])
+    bwd = make_backward_problem(timed=[{"M": 64, "N": 256}], dtypes=["float32"])
+    key = "M=64,N=256:float32"
+    for prob, want in ((fwd, False), (bwd, True)):
+        path = export_module([_rec(prob, {}, {key: 0.1})], prob, tmp_path / f"{prob.name}.py")
+        text = path.read_text()
+        data = json.loads(eval(text.split("_DATA = json.loads(", 1)[1].split(")\n", 1)[0]))  # noqa: S307
+        assert ("signature" in data["funcs"]) is want
+        if want:
+            assert data["funcs"]["signature"] == ["examples.rmsnorm_problem", "bwd_signature"]
+        assert "def _with_workspaces" in text
