@@ -496,12 +496,27 @@ def make_forward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtype
 # --------------------------------------------------------------------------- backward
 
 
+BWD_WS_HEADER = 32
+"""Words of the backward workspace before the partial rows (word 0 is the ticket counter)."""
+
+BWD_PARTS_MAX = 528
+"""Most CTAs of the persistent backward (ALGO 1): rows of dw partials in the workspace (4 per SM on 132 SMs)."""
+
+BWD_SMEM_DW_COLS = 40960
+"""Up to this N the persistent backward keeps its dw accumulators in shared memory (the kernel agrees)."""
+
+
 def bwd_signature(case: Case) -> list[ArgSpec]:
-    """Buffers: x, w (float32), dy, rstd (float32, M) in; dx, dw (float32, N) out."""
+    """Buffers: x, w (float32), dy, rstd (float32, M) in; dx, dw (float32, N) out; ws workspace.
+
+    ``ws`` (float32): ``BWD_WS_HEADER`` words then ``min(M, BWD_PARTS_MAX)`` rows of N dw
+    partial sums for the persistent kernel (ALGO 1); handed over and returned all zeros.
+    """
     m, n = case["M"], case["N"]
     return [ArgSpec("x", m * n, case.dtype, "in"), ArgSpec("w", n, "float32", "in"),
             ArgSpec("dy", m * n, case.dtype, "in"), ArgSpec("rstd", m, "float32", "in"),
-            ArgSpec("dx", m * n, case.dtype, "out"), ArgSpec("dw", n, "float32", "out")]
+            ArgSpec("dx", m * n, case.dtype, "out"), ArgSpec("dw", n, "float32", "out"),
+            ArgSpec("ws", BWD_WS_HEADER + min(m, BWD_PARTS_MAX) * n, "float32", "workspace")]
 
 
 def bwd_scalars(case: Case) -> list[tuple[str, int | float]]:
@@ -543,9 +558,16 @@ def bwd_reference(inputs: Mapping[str, Any], case: Case, xp: Any = np) -> dict[s
 
 
 def bwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mapping[str, Any] | None = None) -> Launch:
-    """``ceil(N / 32)`` dw column CTAs first, then one CTA per row for dx (see docs/rmsnorm.md)."""
+    """ALGO 0: ``ceil(N / 32)`` dw column CTAs, then one CTA per row for dx. ALGO 1: a persistent
+    grid of ``min(M, CTAS_PER_SM * SMs, BWD_PARTS_MAX)`` CTAs, with N float32 of dynamic shared
+    memory for the dw accumulators when SMEM_DW and N <= BWD_SMEM_COLS (see docs/rmsnorm.md)."""
     m, n = case["M"], case["N"]
-    return Launch(grid=(-(-n // 32) + m, 1, 1), block=(_p(params, "THREADS"), 1, 1))
+    threads = _p(params, "THREADS")
+    if int(params.get("ALGO", 0)) == 0:
+        return Launch(grid=(-(-n // 32) + m, 1, 1), block=(threads, 1, 1))
+    g = max(1, min(m, _p(params, "CTAS_PER_SM") * _sm_count(device), BWD_PARTS_MAX))
+    smem = 4 * n if int(params.get("SMEM_DW", 1)) and n <= BWD_SMEM_DW_COLS else 0
+    return Launch(grid=(g, 1, 1), block=(threads, 1, 1), shared_mem=smem)
 
 
 def bwd_bytes_moved(case: Case) -> int:
@@ -554,7 +576,51 @@ def bwd_bytes_moved(case: Case) -> int:
     return 3 * m * n * DTYPE_BYTES[case.dtype] + 4 * m + 8 * n
 
 
-BWD_SEED_PARAMS: dict[str, int] = {"THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0}
+def _b_persistent(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 1
+
+
+def _b_columns(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 0
+
+
+def _c_bwd_registers(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 0 or int(p["THREADS"]) < 1024 or int(p["MAX_CHUNKS"]) <= 2
+
+
+def backward_param_space() -> ParamSpace:
+    """The backward kernel's knobs (both algorithms) and the rules a valid assignment follows."""
+    return ParamSpace(
+        params={"ALGO": Choice([0, 1]), "THREADS": Choice([128, 256, 512, 1024]), "UNROLL": Choice([1, 2, 4, 8]),
+                "LOAD_HINT": Choice([0, 1, 2]), "MAX_CHUNKS": Choice([1, 2, 4, 8]),
+                "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64])},
+        constraints=(
+            Constraint("ALGO 1 at 1024 threads: MAX_CHUNKS <= 2 (64 registers per thread; more chunks spill)",
+                       _c_bwd_registers),
+        ),
+        # Knobs one algorithm does not read (the engine pins them to these defaults there).
+        conditions=(
+            Condition("UNROLL", _b_columns, 4, "UNROLL only with ALGO 0"),
+            Condition("MAX_CHUNKS", _b_persistent, 4, "MAX_CHUNKS only with ALGO 1"),
+            Condition("CTAS_PER_SM", _b_persistent, 2, "CTAS_PER_SM only with ALGO 1"),
+            Condition("SMEM_DW", _b_persistent, 1, "SMEM_DW only with ALGO 1"),
+            Condition("REDUCERS", _b_persistent, 32, "REDUCERS only with ALGO 1"),
+        ),
+    )
+
+
+BWD_SEED_PARAMS: dict[str, int] = {"ALGO": 0, "THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0, "MAX_CHUNKS": 4,
+                                   "CTAS_PER_SM": 2, "SMEM_DW": 1, "REDUCERS": 32}
+"""The first backward seed: column and row CTAs (ALGO 0)."""
+
+BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
+    # 16-byte chunks in registers: THREADS * MAX_CHUNKS * (8 half / 4 float) columns of a row per CTA
+    {"THREADS": 128, "MAX_CHUNKS": 1, "CTAS_PER_SM": 4},   # N = 1K (16-bit)
+    {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2},   # N = 4K (16-bit), 2K (fp32)
+    {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 2},   # N = 16K (16-bit), 8K (fp32)
+    {"THREADS": 512, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1},   # N = 16K (fp32)
+)
+"""Persistent (ALGO 1) seeds: x and dy read once, per-CTA dw partials reduced by the last CTAs."""
 
 
 def make_backward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtypes: Sequence[str] | None = None,
@@ -570,16 +636,13 @@ def make_backward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtyp
         timed = [{"M": 32768, "N": 4096}] if quick else [{"M": 32768, "N": n} for n in (1024, 4096, 16384)]
     dts = tuple(dtypes) if dtypes is not None else ("bfloat16", "float16", "float32")
     src = (KERNEL_DIR / "rmsnorm_bwd.cu").read_text()
-    space = ParamSpace(
-        params={"THREADS": Choice([128, 256, 512, 1024]), "UNROLL": Choice([1, 2, 4, 8]),
-                "LOAD_HINT": Choice([0, 1, 2])},
-    )
+    space = backward_param_space()
     tol = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
     prob = Problem(
         name="rmsnorm_bwd_h100",
         description=("RMSNorm backward: dx = rstd*(w*dy - xhat*mean_j(xhat*w*dy)), xhat = x*rstd; "
-                     "dw[j] = sum_i dy[i,j]*xhat[i,j] (deterministic). Signature (x, w, dy, rstd, dx, dw, "
-                     "int M, int N, int dtype_code)."),
+                     "dw[j] = sum_i dy[i,j]*xhat[i,j] (deterministic). Signature (x, w, dy, rstd, dx, dw, ws, "
+                     "int M, int N, int dtype_code); ws is a workspace, handed over and returned all zeros."),
         params=space,
         check_shapes=tuple(s for s in CHECK_SHAPES[:-1] if s["N"] > 1),
         timed_shapes=tuple(timed),
@@ -595,7 +658,8 @@ def make_backward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtyp
         objective="geomean_fraction",
         descriptors=(CategoricalAxis("THREADS", [128, 256, 512, 1024], source="params"),
                      NumericAxis("registers", 0, 256, 8, source="resources")),
-        seeds=(Genome(src, BWD_SEED_PARAMS, entry=BWD_ENTRY),),
+        seeds=(Genome(src, BWD_SEED_PARAMS, entry=BWD_ENTRY),) + tuple(
+            Genome(src, {**BWD_SEED_PARAMS, "ALGO": 1, **p}, entry=BWD_ENTRY) for p in BWD_PERSISTENT_SEEDS),
         extra={"eps": EPS, "byte_model": "3*M*N*elem + 4*M + 8*N"},
     )
     return prob.validate()

@@ -1,18 +1,32 @@
 // RMSNorm backward, deterministic, one launch.
 //
-// Buffers: x [M*N], w [N] float32, dy [M*N], rstd [M] float32 (in); dx [M*N], dw [N] float32 (out).
+// Buffers: x [M*N], w [N] float32, dy [M*N], rstd [M] float32 (in); dx [M*N], dw [N] float32 (out);
+// ws (workspace, float32): WS_HEADER words (a ticket counter) then up to PARTS_MAX rows of N partial
+// sums of dw. The harness hands ws over all zeros and the kernel must return it all zeros.
 // Scalars: M, N, dtype_code (0 fp32, 1 fp16, 2 bf16).
 //
-// Grid = ceil(N/32) + M CTAs of THREADS threads:
+// ALGO 0 (column CTAs + row CTAs; ws unused). Grid = ceil(N/32) + M CTAs of THREADS threads:
 //   * CTAs [0, ceil(N/32)) each own 32 columns of dw; warp k sums rows k, k+W, ... (W = THREADS/32),
 //     then the W partials are added in warp order through shared memory: a fixed order, so dw is
-//     bitwise reproducible and needs no atomics, no workspace and no grid-wide sync.
+//     bitwise reproducible without atomics.
 //   * CTA ceil(N/32) + i computes row i of dx: pass 1 reduces dot = sum_j w_j dy_j x_j,
 //     pass 2 re-reads the row (L1/L2-hot) and writes dx_j = rstd*w_j*dy_j - x_j*rstd^3*dot/N.
-// The dw CTAs read x and dy a second time (5 M*N element transfers instead of 3); see docs/rmsnorm.md.
+//   The dw CTAs read x and dy a second time (5 M*N element transfers instead of 3).
 //
-// Knobs: THREADS (128..1024), UNROLL (independent loads in flight per thread), LOAD_HINT
-// (0 default, 1 ld.global.nc, 2 ld.global.cg).
+// ALGO 1 (persistent rows, per-CTA partials, last CTAs reduce). Grid = G CTAs (G <= PARTS_MAX):
+//   * CTA b takes rows b, b+G, ...; each thread owns fixed 16-byte column chunks (c = tid + k*THREADS),
+//     holds up to MAX_CHUNKS chunks of x and dy in registers (else re-reads them for pass 2), writes dx
+//     and adds dy*x*rstd to its columns' dw accumulators (shared memory when SMEM_DW and
+//     N <= SMEM_DW_COLS, else the CTA's partial row in ws): x and dy are read once.
+//   * Each CTA then stores its partial row in ws, fences and takes a ticket; the CTAs holding the last
+//     K = min(REDUCERS, G) tickets wait until all G partials are in, each sums its 1/K of the columns
+//     over the G partials in CTA order (fixed: dw is bitwise reproducible), clears them, and the last
+//     of them resets the ticket. At most K CTAs ever wait, far fewer than fit on the GPU at once, so
+//     the CTAs they wait for always get an SM.
+//   N not a multiple of the 16-byte chunk, or unaligned pointers: the same with element accesses.
+//
+// Knobs: ALGO, THREADS (128..1024), UNROLL (ALGO 0: independent loads in flight per thread), LOAD_HINT
+// (0 default, 1 ld.global.nc, 2 ld.global.cg), MAX_CHUNKS, CTAS_PER_SM (launch), SMEM_DW, REDUCERS.
 #include <cuda_fp16.h>
 
 #ifndef THREADS
@@ -27,7 +41,21 @@
 #if THREADS % 32 != 0 || THREADS < 32 || THREADS > 1024
 #error "THREADS must be a multiple of 32 in [32, 1024]"
 #endif
+#ifndef ALGO
+#define ALGO 0
+#endif
+#ifndef MAX_CHUNKS
+#define MAX_CHUNKS 4
+#endif
+#ifndef SMEM_DW
+#define SMEM_DW 1
+#endif
+#ifndef REDUCERS
+#define REDUCERS 32
+#endif
 #define WARPS (THREADS / 32)
+#define WS_HEADER 32      // words of ws before the partial rows (the ticket counter is word 0)
+#define SMEM_DW_COLS 40960 // dw accumulators in shared memory up to this N (examples/rmsnorm_problem.py agrees)
 
 template <typename T>
 __device__ __forceinline__ T ldx(const T* p) {
@@ -138,10 +166,274 @@ __device__ void dx_row(const void* x, const float* w, const void* dy, const floa
     }
 }
 
+// --------------------------------------------------------------------------- ALGO 1
+
+template <int DT>
+struct Chunk {
+    static constexpr int E = DT == 0 ? 4 : 8;  // elements per 16 bytes
+};
+
+template <int DT>
+__device__ __forceinline__ uint4 ld16(const void* base, long long elem) {
+    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const char*>(base) + elem * (DT == 0 ? 4 : 2));
+#if LOAD_HINT == 1
+    return __ldg(p);
+#elif LOAD_HINT == 2
+    return __ldcg(p);
+#else
+    return *p;
+#endif
+}
+
+template <int DT>
+__device__ __forceinline__ float half_bits(unsigned b) {
+    if (DT == 1) return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+    return __uint_as_float(b << 16);
+}
+
+template <int DT>
+__device__ __forceinline__ void unpack(uint4 v, float (&f)[Chunk<DT>::E]) {
+    if constexpr (DT == 0) {
+        f[0] = __uint_as_float(v.x); f[1] = __uint_as_float(v.y);
+        f[2] = __uint_as_float(v.z); f[3] = __uint_as_float(v.w);
+    } else {
+        const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            f[2 * k] = half_bits<DT>(u[k] & 0xffffu);
+            f[2 * k + 1] = half_bits<DT>(u[k] >> 16);
+        }
+    }
+}
+
+template <int DT>
+__device__ __forceinline__ unsigned to_bits(float v) {
+    if (DT == 1) return __half_as_ushort(__float2half_rn(v));
+    unsigned short b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(v));
+    return b;
+}
+
+template <int DT>
+__device__ __forceinline__ void st16(void* base, long long elem, const float (&f)[Chunk<DT>::E]) {
+    uint4 v;
+    if constexpr (DT == 0) {
+        v = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]), __float_as_uint(f[2]), __float_as_uint(f[3]));
+    } else {
+        unsigned u[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) u[k] = to_bits<DT>(f[2 * k]) | (to_bits<DT>(f[2 * k + 1]) << 16);
+        v = make_uint4(u[0], u[1], u[2], u[3]);
+    }
+    *reinterpret_cast<uint4*>(static_cast<char*>(base) + elem * (DT == 0 ? 4 : 2)) = v;
+}
+
+// dx of one 16-byte chunk, and its dy*x*rstd added to the chunk's dw accumulators.
+template <int DT>
+__device__ __forceinline__ void finish_chunk(uint4 xv, uint4 gv, const float* w, void* dx, float* acc, long long base,
+                                             int c, float r, float coef) {
+    constexpr int E = Chunk<DT>::E;
+    float xf[E], gf[E], o[E];
+    unpack<DT>(xv, xf);
+    unpack<DT>(gv, gf);
+    float4* ap = reinterpret_cast<float4*>(acc + c * E);
+    const float4* wp = reinterpret_cast<const float4*>(w + c * E);
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+        const float4 ww = __ldg(wp + q);
+        const float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+        const float4 a = ap[q];
+        float av[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int i = 4 * q + e;
+            o[i] = r * gf[i] * wv[e] - xf[i] * coef;
+            av[e] = fmaf(gf[i], xf[i] * r, av[e]);
+        }
+        ap[q] = make_float4(av[0], av[1], av[2], av[3]);
+    }
+    st16<DT>(dx, base + static_cast<long long>(c) * E, o);
+}
+
+// One row's dot = sum_j w_j dy_j x_j, reduced over the CTA; red holds 2*WARPS floats (alternating by row).
+__device__ __forceinline__ float block_sum(float v, float* red, int& parity) {
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) red[parity * WARPS + (threadIdx.x >> 5)] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < WARPS; ++k) s += red[parity * WARPS + k];
+    parity ^= 1;  // the next row writes the other half: a thread cannot be two barriers ahead
+    return s;
+}
+
+// 16-byte chunks; acc: this CTA's dw accumulators (shared or its partial row in ws), N floats.
+template <int DT>
+__device__ void rows_vec(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
+                         int M, int N, float* red) {
+    constexpr int E = Chunk<DT>::E;
+    const int nch = N / E;
+    const bool in_regs = nch <= MAX_CHUNKS * THREADS;
+    int parity = 0;
+    for (long long row = blockIdx.x; row < M; row += gridDim.x) {
+        const long long base = row * N;
+        float dot = 0.f;
+        uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
+        if (in_regs) {
+#pragma unroll
+            for (int k = 0; k < MAX_CHUNKS; ++k) {
+                const int c = threadIdx.x + k * THREADS;
+                if (c < nch) {
+                    xr[k] = ld16<DT>(x, base + static_cast<long long>(c) * E);
+                    gr[k] = ld16<DT>(dy, base + static_cast<long long>(c) * E);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < MAX_CHUNKS; ++k) {
+                const int c = threadIdx.x + k * THREADS;
+                if (c < nch) {
+                    float xf[E], gf[E];
+                    unpack<DT>(xr[k], xf);
+                    unpack<DT>(gr[k], gf);
+                    const float4* wp = reinterpret_cast<const float4*>(w + c * E);
+#pragma unroll
+                    for (int q = 0; q < E / 4; ++q) {
+                        const float4 ww = __ldg(wp + q);
+                        dot = fmaf(xf[4 * q], gf[4 * q] * ww.x, dot);
+                        dot = fmaf(xf[4 * q + 1], gf[4 * q + 1] * ww.y, dot);
+                        dot = fmaf(xf[4 * q + 2], gf[4 * q + 2] * ww.z, dot);
+                        dot = fmaf(xf[4 * q + 3], gf[4 * q + 3] * ww.w, dot);
+                    }
+                }
+            }
+        } else {
+            for (int c = threadIdx.x; c < nch; c += THREADS) {
+                float xf[E], gf[E];
+                unpack<DT>(ld16<DT>(x, base + static_cast<long long>(c) * E), xf);
+                unpack<DT>(ld16<DT>(dy, base + static_cast<long long>(c) * E), gf);
+#pragma unroll
+                for (int e = 0; e < E; ++e) dot = fmaf(xf[e], gf[e] * __ldg(w + c * E + e), dot);
+            }
+        }
+        dot = block_sum(dot, red, parity);
+        const float r = __ldg(rstd + row);
+        const float coef = r * r * r * dot / static_cast<float>(N);
+        if (in_regs) {
+#pragma unroll
+            for (int k = 0; k < MAX_CHUNKS; ++k) {
+                const int c = threadIdx.x + k * THREADS;
+                if (c < nch) finish_chunk<DT>(xr[k], gr[k], w, dx, acc, base, c, r, coef);
+            }
+        } else {  // re-read (L1/L2-hot)
+            for (int c = threadIdx.x; c < nch; c += THREADS)
+                finish_chunk<DT>(ld16<DT>(x, base + static_cast<long long>(c) * E),
+                                 ld16<DT>(dy, base + static_cast<long long>(c) * E), w, dx, acc, base, c, r, coef);
+        }
+    }
+}
+
+// Element accesses (N not a multiple of the chunk, or unaligned buffers).
+template <int DT>
+__device__ void rows_scalar(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
+                            int M, int N, float* red) {
+    int parity = 0;
+    for (long long row = blockIdx.x; row < M; row += gridDim.x) {
+        const long long base = row * N;
+        float dot = 0.f;
+        for (int j = threadIdx.x; j < N; j += THREADS)
+            dot = fmaf(ld_elem<DT>(x, base + j), ld_elem<DT>(dy, base + j) * __ldg(w + j), dot);
+        dot = block_sum(dot, red, parity);
+        const float r = __ldg(rstd + row);
+        const float coef = r * r * r * dot / static_cast<float>(N);
+        for (int j = threadIdx.x; j < N; j += THREADS) {
+            const float xv = ld_elem<DT>(x, base + j), gv = ld_elem<DT>(dy, base + j);
+            st_elem<DT>(dx, base + j, r * gv * __ldg(w + j) - xv * coef);
+            acc[j] = fmaf(gv, xv * r, acc[j]);
+        }
+    }
+}
+
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+template <int DT>
+__device__ void persistent(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* dw,
+                           float* ws, int M, int N, float* red, float* sdw) {
+    constexpr int E = Chunk<DT>::E;
+    unsigned* ticket = reinterpret_cast<unsigned*>(ws);
+    float* parts = ws + WS_HEADER;
+    float* mine = parts + static_cast<long long>(blockIdx.x) * N;
+    const bool use_smem = SMEM_DW && N <= SMEM_DW_COLS;
+    float* acc = use_smem ? sdw : mine;  // mine is all zeros on entry (the workspace contract)
+    if (use_smem) {
+        for (int j = threadIdx.x; j < N; j += THREADS) sdw[j] = 0.f;
+        __syncthreads();
+    }
+    const unsigned long long align = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dy)
+                                   | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(w);
+    if (N % E == 0 && (align & 15) == 0) rows_vec<DT>(x, w, dy, rstd, dx, acc, M, N, red);
+    else rows_scalar<DT>(x, w, dy, rstd, dx, acc, M, N, red);
+    if (use_smem) {
+        __syncthreads();
+        for (int j = threadIdx.x; j < N; j += THREADS) mine[j] = sdw[j];
+    }
+    // Publish this CTA's partial row, then take a ticket.
+    __threadfence();
+    __syncthreads();
+    __shared__ unsigned s_ticket;
+    if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
+    __syncthreads();
+    const unsigned G = gridDim.x;
+    const unsigned K = G < REDUCERS ? G : REDUCERS;
+    const unsigned t = s_ticket;
+    if (t < G - K) return;
+    if (threadIdx.x == 0) {
+        while (ld_acquire(ticket) < G) __nanosleep(64);
+    }
+    __syncthreads();
+    const unsigned slice = t - (G - K);
+    const int lo = static_cast<int>(static_cast<long long>(N) * slice / K);
+    const int hi = static_cast<int>(static_cast<long long>(N) * (slice + 1) / K);
+    for (int j = lo + threadIdx.x; j < hi; j += THREADS) {
+        float s = 0.f;
+        unsigned p = 0;
+        for (; p + 8 <= G; p += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) v[u] = __ldcg(parts + static_cast<long long>(p + u) * N + j);
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                s += v[u];
+                parts[static_cast<long long>(p + u) * N + j] = 0.f;
+            }
+        }
+        for (; p < G; ++p) {
+            s += __ldcg(parts + static_cast<long long>(p) * N + j);
+            parts[static_cast<long long>(p) * N + j] = 0.f;
+        }
+        dw[j] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (atomicAdd(ticket, 1u) == G + K - 1) atomicExch(ticket, 0u);  // every reducer is past its wait
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
     rmsnorm_bwd(const void* __restrict__ x, const float* __restrict__ w, const void* __restrict__ dy,
-                const float* __restrict__ rstd, void* __restrict__ dx, float* __restrict__ dw, int M, int N,
-                int dtype_code) {
+                const float* __restrict__ rstd, void* __restrict__ dx, float* __restrict__ dw, float* ws, int M,
+                int N, int dtype_code) {
+#if ALGO == 1
+    __shared__ float red[2 * WARPS];
+    extern __shared__ float4 sdw4[];
+    float* sdw = reinterpret_cast<float*>(sdw4);
+    if (dtype_code == 0) persistent<0>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);
+    else if (dtype_code == 1) persistent<1>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);
+    else persistent<2>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);
+#else
     __shared__ float red[THREADS];
     const int ntiles = (N + 31) / 32;
     const long long b = blockIdx.x;
@@ -156,4 +448,5 @@ extern "C" __global__ void __launch_bounds__(THREADS)
         else if (dtype_code == 1) dx_row<1>(x, w, dy, rstd, dx, N, row, red);
         else dx_row<2>(x, w, dy, rstd, dx, N, row, red);
     }
+#endif
 }

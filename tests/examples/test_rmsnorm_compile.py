@@ -81,12 +81,48 @@ def test_invalid_combination_fails_to_compile(tmp_path: Path) -> None:
         nvcc_compile("rmsnorm_fwd.cu", _defines(p), tmp_path)
 
 
-@pytest.mark.parametrize("params", [{"THREADS": 1024, "UNROLL": 8, "LOAD_HINT": 2},
-                                    {"THREADS": 128, "UNROLL": 1, "LOAD_HINT": 1}])
+def _bwd(**kw: int) -> dict:
+    return dict(make_backward_problem().seeds[0].params, **kw)
+
+
+@pytest.mark.parametrize("params", [_bwd(THREADS=1024, UNROLL=8, LOAD_HINT=2), _bwd(THREADS=128, UNROLL=1, LOAD_HINT=1),
+                                    # ALGO 1 at the edge of its register rule, and the largest tiles
+                                    _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, LOAD_HINT=1),
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=8, SMEM_DW=0, REDUCERS=64),
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=8, LOAD_HINT=2, REDUCERS=8),
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, CTAS_PER_SM=4)])
 def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert make_backward_problem().params.is_valid(params)
     log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
     assert _spills(log) == 0
+
+
+def test_backward_register_rule_is_needed(tmp_path: Path) -> None:
+    """What the constraint forbids (ALGO 1, 1024 threads, 4 chunks) does spill."""
+    params = _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=4)
+    assert not make_backward_problem().params.is_valid(params)
+    assert _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)) > 0
+
+
+def test_backward_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:
+    """The backward space's conditions are true: each algorithm ignores the other's knobs."""
+    from evo.types import Case
+    from examples.rmsnorm_problem import bwd_launch
+
+    case = Case({"M": 4096, "N": 4096}, "bfloat16")
+    pairs = [(_bwd(), _bwd(MAX_CHUNKS=8, CTAS_PER_SM=3, SMEM_DW=0, REDUCERS=8)),
+             (_bwd(ALGO=1), _bwd(ALGO=1, UNROLL=1))]
+    space = make_backward_problem().params
+    for i, (a, b) in enumerate(pairs):
+        assert space.canonical(b) == a
+        cubins = []
+        for j, p in enumerate((a, b)):
+            d = tmp_path / f"{i}-{j}"
+            d.mkdir()
+            nvcc_compile("rmsnorm_bwd.cu", _defines(p), d)
+            cubins.append((d / "rmsnorm_bwd.cu.cubin").read_bytes())
+        assert cubins[0] == cubins[1], (a, b)
+        assert bwd_launch(a, case) == bwd_launch(b, case)
 
 
 def test_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:

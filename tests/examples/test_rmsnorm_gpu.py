@@ -45,6 +45,8 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0) -> dict[s
         if a.role == "in":
             buf = _store(cp, raw[a.name], a.dtype)
             stored[a.name] = _load(cp, buf, a.dtype)
+        elif a.role == "workspace":  # handed over all zeros, returned all zeros
+            buf = cp.zeros(a.numel, dtype=cp.float32 if a.dtype == "float32" else cp.uint8)
         else:
             buf = _store(cp, cp.full(a.numel, cp.nan, dtype=cp.float32), a.dtype)
         bufs.append(buf)
@@ -62,6 +64,8 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0) -> dict[s
     cp.cuda.runtime.deviceSynchronize()
     errs = {}
     for a, buf in zip(sig, bufs, strict=True):
+        if a.role == "workspace":
+            assert int(cp.count_nonzero(buf)) == 0, f"{a.name}: workspace not returned all zeros for {case.key}"
         if a.role == "out":
             out = _load(cp, buf, a.dtype)
             r = cp.asarray(ref[a.name], dtype=cp.float32)
@@ -134,6 +138,67 @@ def test_forward_timed_shape_sample(cuda_device) -> None:
 def test_backward_seed(cuda_device) -> None:
     prob = make_backward_problem()
     _check(prob, prob.seeds[0], [s for s in SMALL[:-1] if s["N"] > 1] + [{"M": 2048, "N": 1024}])
+
+
+def test_backward_persistent_seeds(cuda_device) -> None:
+    """ALGO 1 (per-CTA partials, last CTAs reduce): odd N, M=1, unaligned chunks, N past the smem limit."""
+    prob = make_backward_problem()
+    shapes = [s for s in SMALL[:-1] if s["N"] > 1] + [{"M": 2048, "N": 1024}, {"M": 700, "N": 4096},
+                                                       {"M": 5, "N": 40968}]
+    for g in prob.seeds[1:]:
+        _check(prob, g, shapes)
+
+
+def test_backward_sampled_params(cuda_device) -> None:
+    prob = make_backward_problem()
+    rng = np.random.default_rng(5)
+    for _ in range(8):
+        _check(prob, prob.seeds[0].with_params(**prob.params.sample(rng)), [{"M": 3, "N": 7}, {"M": 300, "N": 2048},
+                                                                            {"M": 2, "N": 1026}])
+
+
+def test_backward_seeds_through_evaluator(cuda_device) -> None:
+    """Every backward seed passes the gate and Timing (the workspace contract included)."""
+    fitness = pytest.importorskip("fitness")
+    prob = make_backward_problem(timed=[{"M": 4096, "N": 4096}], dtypes=["bfloat16"])
+    ev = fitness.Evaluator(prob)
+    try:
+        for g in prob.seeds:
+            res = ev.evaluate(g)
+            assert res.ok, (dict(g.params), res.reason)
+    finally:
+        ev.close()
+
+
+def test_backward_dispatch_supplies_the_workspace(cuda_device, tmp_path) -> None:
+    """An exported backward module runs with the workspace left out, twice (returned zeroed)."""
+    import importlib.util
+
+    import cupy as cp
+
+    from evo.export import export_module
+    from evo.types import Evaluation, Record, Status
+
+    prob = make_backward_problem(timed=[{"M": 512, "N": 1024}], dtypes=["float32"])
+    g = prob.seeds[1]
+    rec = Record(g, Evaluation(Status.OK, fitness=1.0, metrics={"cases": {"M=512,N=1024:float32": {"time_ms": 1.0}}}))
+    path = export_module([rec], prob, tmp_path / "bwd_dispatch.py")
+    spec = importlib.util.spec_from_file_location("bwd_dispatch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    case = Case({"M": 512, "N": 1024}, "float32")
+    raw = prob.make_inputs(case, np.random.default_rng(3), cp)
+    ins = {k: cp.asarray(v, dtype=cp.float32) for k, v in raw.items()}
+    ref = prob.reference(ins, case, cp)
+    for _ in range(2):
+        dx = cp.full(512 * 1024, cp.nan, dtype=cp.float32)
+        dw = cp.full(1024, cp.nan, dtype=cp.float32)
+        mod.run(ins["x"], ins["w"], ins["dy"], ins["rstd"], dx, dw, shape={"M": 512, "N": 1024}, dtype="float32")
+        cp.cuda.runtime.deviceSynchronize()
+        for got, name in ((dx, "dx"), (dw, "dw")):
+            want = cp.asarray(ref[name])
+            assert float(cp.linalg.norm(got - want) / cp.linalg.norm(want)) < prob.tolerances["float32"]
+    assert all(int(cp.count_nonzero(w)) == 0 for w in mod._ws.values()) and len(mod._ws) == 1
 
 
 def test_seeds_through_evaluator(cuda_device) -> None:

@@ -214,3 +214,26 @@ def test_backward_problem_and_reference() -> None:
     assert abs(out["dw"][j] - numw) < 1e-3 * max(1.0, abs(numw))
     L = bwd_launch(prob.seeds[0].params, case)
     assert L.grid[0] == 1 + m and L.block[0] == 256
+
+
+def test_backward_persistent_launch_and_workspace() -> None:
+    """ALGO 1: a grid of CTAS_PER_SM per SM (at most M and BWD_PARTS_MAX), dw accumulators in
+    shared memory up to BWD_SMEM_DW_COLS, and a workspace row of partials per CTA."""
+    from evo.types import DeviceInfo
+    from examples.rmsnorm_problem import BWD_PARTS_MAX, BWD_SMEM_DW_COLS, BWD_WS_HEADER, bwd_signature
+
+    prob = make_backward_problem()
+    p = dict(prob.seeds[3].params)
+    assert p["ALGO"] == 1 and p["CTAS_PER_SM"] == 2
+    dev = DeviceInfo("gpu", "9.0", sm_count=132)
+    big = Case({"M": 32768, "N": 16384}, "bfloat16")
+    L = bwd_launch(p, big, dev)
+    assert L.grid == (264, 1, 1) and L.block == (256, 1, 1) and L.shared_mem == 4 * 16384
+    assert bwd_launch(p, Case({"M": 5, "N": 16384}, "bfloat16"), dev).grid == (5, 1, 1)
+    assert bwd_launch(dict(p, CTAS_PER_SM=4), big, DeviceInfo("gpu", "9.0", sm_count=200)).grid[0] == BWD_PARTS_MAX
+    assert bwd_launch(p, Case({"M": 8, "N": BWD_SMEM_DW_COLS + 8}, "float32"), dev).shared_mem == 0
+    assert bwd_launch(dict(p, SMEM_DW=0), big, dev).shared_mem == 0
+    ws = bwd_signature(big)[-1]
+    assert ws.role == "workspace" and ws.numel == BWD_WS_HEADER + BWD_PARTS_MAX * 16384
+    assert bwd_signature(Case({"M": 3, "N": 7}, "float32"))[-1].numel == BWD_WS_HEADER + 3 * 7
+    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 5
