@@ -76,8 +76,11 @@ class ProblemError(ValueError):
 _COMMENT_OR_STRING = re.compile(
     r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'', re.DOTALL
 )
+_SPLIT_LITERALS = re.compile("(" + _COMMENT_OR_STRING.pattern + ")", re.DOTALL)
+_WS = re.compile(r"\s+")
 _PUNCT = r"[{}()\[\];,<>=+\-*/%&|^!~?:.]"
 _SPACE_AROUND_PUNCT = re.compile(r"\s+(?=" + _PUNCT + r")|(?<=" + _PUNCT + r")\s+")
+_ONE_SPACE_AROUND_PUNCT = re.compile(r" (?=" + _PUNCT + r")|(?<=" + _PUNCT + r") ")  # after runs became " "
 
 
 def normalize_source(source: str) -> str:
@@ -89,12 +92,34 @@ def normalize_source(source: str) -> str:
     (inline PTX lives in string literals, where spacing is part of the instruction
     text only up to PTX's own whitespace rules, so it is collapsed there too).
     """
+    if "\x00" in source:
+        return _normalize_source_by_parts(source)
+    # One pass over the code with a NUL standing for each literal (NUL is neither space
+    # nor punctuation, so the code's rules act on each stretch between literals alone).
+    pieces = _SPLIT_LITERALS.split(source)
+    literals = []
+    for i in range(1, len(pieces), 2):
+        tok = pieces[i]
+        if tok[0] == "/":
+            pieces[i] = " "
+        else:
+            literals.append(" ".join(tok.split()))  # quotes at both ends: the same as _WS.sub(" ", tok)
+            pieces[i] = "\x00"
+    text = _ONE_SPACE_AROUND_PUNCT.sub("", " ".join("".join(pieces).split()))  # str.split: the same spaces as \s
+    if literals:
+        code = text.split("\x00")
+        text = "".join(x for pair in zip(code[:-1], literals, strict=True) for x in pair) + code[-1]
+    return text.strip()
+
+
+def _normalize_source_by_parts(source: str) -> str:
+    """:func:`normalize_source` part by part (sources that hold NUL characters themselves)."""
 
     def repl(m: re.Match[str]) -> str:
         tok = m.group(0)
         if tok.startswith("/"):
             return " "
-        return "\x00" + re.sub(r"\s+", " ", tok) + "\x00"
+        return "\x00" + _WS.sub(" ", tok) + "\x00"
 
     text = _COMMENT_OR_STRING.sub(repl, source)
     parts = text.split("\x00")
@@ -103,9 +128,7 @@ def normalize_source(source: str) -> str:
         if i % 2:  # a literal
             out.append(part)
         else:
-            part = re.sub(r"\s+", " ", part)
-            part = _SPACE_AROUND_PUNCT.sub("", part)
-            out.append(part)
+            out.append(_SPACE_AROUND_PUNCT.sub("", _WS.sub(" ", part)))
     return "".join(out).strip()
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from evo.space import CategoricalAxis, Choice, NumericAxis, ParamSpace, SpaceError
 from evo.types import Evaluation, Genome, Lesson, Problem, Record, Status, normalize_source
@@ -58,6 +60,35 @@ def test_genome_is_immutable_and_validated() -> None:
 def test_normalize_keeps_string_literals() -> None:
     assert normalize_source('a  =  "x  y" ;') == 'a="x y";'
     assert normalize_source("a /* c */ + // d\n b") == "a+b"
+    assert normalize_source(' \u3000"a\x85 b" \t;\x1c') == '"a b";'  # every Unicode space, as \\s
+
+
+_PIECES = st.sampled_from(['"', "'", "//", "/*", "*/", "\\", "\n", " ", "\t", "  ", "\u3000", "\x85", "\x1c", "{",
+                           "(", ")", ";", "+", "-", "=", ":", ".", "<", "a", "b1", "asm", "%0", "_x", "\x00", "é"])
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(_PIECES, max_size=40).map("".join))
+def test_normalize_one_pass_equals_part_by_part(source: str) -> None:
+    """Genome ids depend on it: the one-pass form gives what the part-by-part form always gave."""
+    from evo.types import _normalize_source_by_parts
+
+    assert normalize_source(source) == _normalize_source_by_parts(source)
+
+
+_PINNED = [  # (source, its normal form as every earlier version gave it): stored genome ids depend on it
+    (SRC, 'extern "C" __global__ void kernel(float*y,const float*x,int n){int i=blockIdx.x*blockDim.x+threadIdx.x;'
+          'if(i<n){asm volatile("add.f32 %0, %1, %2;":"=f"(y[i]):"f"(x[i]),"f"(1.0f));}}'),
+    ('template <int N>  __device__ float f ( const float * __restrict__ p ) {\n  return p [ N ] * 2.0f ; // x\n}\n'
+     'asm ( "mov.b32  %0 ,\\t%1 ;" : "=r" ( a ) : "r" ( b ) ) ;\nchar c = \' \' ; /* multi\nline */ int d = a ? b : c ;',
+     'template<int N>__device__ float f(const float*__restrict__ p){return p[N]*2.0f;}asm("mov.b32 %0 ,\\t%1 ;"'
+     ':"=r"(a):"r"(b));char c=\' \';int d=a?b:c;'),
+]
+
+
+@pytest.mark.parametrize("source, want", _PINNED)
+def test_normalize_is_pinned(source: str, want: str) -> None:
+    assert normalize_source(source) == want
 
 
 def test_evaluation_rules() -> None:
