@@ -34,6 +34,9 @@ py-lmdb loop, in the same batches and with the same durability, without the arch
 without timing the encoding): what the disk and LMDB alone allow on this machine, the
 ceiling for the archive's insert rate.
 
+``gc-full`` / ``gc-process`` run the archive with Python's cyclic garbage collector left
+running inside ``add_many`` (which pauses it for the batch): what the pause is worth.
+
 Several configurations (``--configs``) and ``--repeats`` run in one process, rotating the
 order every repeat, each on the same records, so that they are compared under the same
 machine conditions (median and spread are reported). Prints a table and writes
@@ -43,6 +46,7 @@ machine conditions (median and spread are reported). Prints a table and writes
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -54,16 +58,18 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import lmdb
 import numpy as np
 
 from archive import Archive
+from archive import _archive as archive_impl
 from evo.codec import dumps, pack_raw
 from evo.space import CategoricalAxis, Choice, IntRange, NumericAxis, ParamSpace
 from evo.types import Evaluation, Genome, Problem, Record, Status
 
-CONFIGS = ("full", "process", "floor-full", "floor-process")
+CONFIGS = ("full", "process", "floor-full", "floor-process", "gc-full", "gc-process")
 
 
 def make_problem() -> Problem:
@@ -100,8 +106,15 @@ def make_batch(start: int, n: int, size: int, rng: np.random.Generator, share: i
     return out
 
 
-def run_archive(args: argparse.Namespace, root: Path, durability: str) -> dict[str, Any]:
-    """The archive itself: inserts, then sampling latency, reopen time and disk use."""
+def run_archive(args: argparse.Namespace, root: Path, durability: str, gc_on: bool = False) -> dict[str, Any]:
+    """The archive itself: inserts, then sampling latency, reopen time and disk use.
+
+    ``gc_on``: leave the cyclic garbage collector running inside ``add_many`` (the comparison
+    for the pause it takes by default).
+    """
+    if gc_on:
+        with mock.patch.object(archive_impl, "_gc_paused", contextlib.nullcontext):
+            return run_archive(args, root, durability)
     rng = np.random.default_rng(0)
     path = root / "arch"
     problem = make_problem()
@@ -207,8 +220,10 @@ def run_one(args: argparse.Namespace, config: str) -> dict[str, Any]:
         if (root / name).exists():
             shutil.rmtree(root / name)
     try:
-        floor, _, durability = config.rpartition("-")
-        return run_floor(args, root, durability) if floor else run_archive(args, root, durability)
+        kind, _, durability = config.rpartition("-")
+        if kind == "floor":
+            return run_floor(args, root, durability)
+        return run_archive(args, root, durability, gc_on=kind == "gc")
     finally:
         for name in ("arch", "bare"):
             shutil.rmtree(root / name, ignore_errors=True)

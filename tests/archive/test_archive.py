@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -79,6 +80,29 @@ def test_add_many_one_transaction(archive: Archive) -> None:
     assert res[11].status is AddStatus.IMPROVED and res[11].previous.id == recs[3].id  # type: ignore[union-attr]
     assert len(archive) == 11
     assert archive.add_many([]) == []
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_add_many_pauses_and_restores_the_garbage_collector(archive: Archive, enabled: bool) -> None:
+    """The cyclic GC is off while a batch is written and back as it was after, also after a failure."""
+    seen: list[bool] = []
+
+    class Spy(list):
+        def __iter__(self):  # add_many iterates its argument inside the pause
+            seen.append(gc.isenabled())
+            return super().__iter__()
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        archive.add_many(Spy([make_record(i) for i in range(3)]))
+        assert seen == [False] and gc.isenabled() is enabled
+        with pytest.raises(InvalidRecordError):
+            archive.add_many([make_record(7), "not a record"])  # type: ignore[list-item]
+        assert gc.isenabled() is enabled
+        assert archive.add_many(Spy()) == [] and gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
 
 
 @pytest.mark.parametrize("bad", ["category", "missing", "nan", "not_a_record"])
