@@ -243,3 +243,77 @@ ROWTILE_SHAPES = [(1, 8), (3, 16), (9, 256), (37, 64), (5, 40), (2, 1000), (4, 1
 def test_rowtile_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -> None:
     """STAGE 4 (and its fallback for long, unaligned or odd rows): each element once, right value."""
     check_every_element_once(emulate_rowtile, p, esz, offs, ROWTILE_SHAPES, seed=2)
+
+
+# --------------------------------------------------------------------------- backward, ALGO 1
+
+
+def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndarray, p: dict, esz: int,
+                     aligned: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The persistent backward's work split (rows per CTA, 16-byte chunks per thread, the reduction
+    slices of the last K tickets); returns (dx, dw, dx writes, partial reads per (CTA, column))."""
+    from examples.rmsnorm_problem import bwd_launch
+
+    m, n = x.shape
+    threads, chunks, reducers = p["THREADS"], p["MAX_CHUNKS"], p["REDUCERS"]
+    g = bwd_launch(p, Case({"M": m, "N": n}, {4: "float32", 2: "bfloat16"}[esz]), None).grid[0]
+    e = 16 // esz
+    vec = n % e == 0 and aligned
+    dx = np.full((m, n), np.nan)
+    writes = np.zeros((m, n), dtype=int)
+    parts = np.zeros((g, n))
+    for b in range(g):
+        for row in range(b, m, g):
+            cols: list[int] = []
+            for t in range(threads):
+                if vec:
+                    nch = n // e
+                    if nch <= chunks * threads:
+                        mine = [t + k * threads for k in range(chunks) if t + k * threads < nch]
+                    else:
+                        mine = list(range(t, nch, threads))
+                    cols.extend(c * e + i for c in mine for i in range(e))
+                else:
+                    cols.extend(range(t, n, threads))
+            c = np.array(cols, dtype=int)
+            dot = (x[row, c] * dy[row, c] * w[c]).sum()
+            r = rstd[row]
+            dx[row, c] = r * dy[row, c] * w[c] - x[row, c] * r ** 3 * dot / n
+            np.add.at(writes[row], c, 1)
+            np.add.at(parts[b], c, dy[row, c] * x[row, c] * r)
+    k = min(reducers, g)
+    reads = np.zeros((g, n), dtype=int)
+    dw = np.full(n, np.nan)
+    for ticket in range(g - k, g):
+        s = ticket - (g - k)
+        lo, hi = n * s // k, n * (s + 1) // k
+        for j in range(lo, hi):
+            dw[j] = sum(parts[q, j] for q in range(g))  # CTA order
+            reads[:, j] += 1
+    return dx, dw, writes, reads
+
+
+@pytest.mark.parametrize("p", [
+    {"THREADS": 128, "MAX_CHUNKS": 1, "CTAS_PER_SM": 4, "REDUCERS": 32},
+    {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "REDUCERS": 64},
+    {"THREADS": 128, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "REDUCERS": 8},
+])
+@pytest.mark.parametrize("esz", [2, 4])
+def test_backward_persistent_every_element_once(p: dict, esz: int) -> None:
+    """Every dx element written once, every dw column reduced once over every CTA's partial,
+    for chunked rows that fit the registers, rows that do not, odd N and M below the grid."""
+    from examples.rmsnorm_problem import bwd_make_inputs, bwd_reference
+
+    params = {"ALGO": 1, "SMEM_DW": 1, **p}
+    rng = np.random.default_rng(3)
+    for m, n, aligned in [(1, 7, True), (5, 1024, True), (300, 4096, True), (70, 40968, True), (9, 1000, False),
+                          (6, 1026, True)]:
+        case = Case({"M": m, "N": n}, "float32")
+        inp = bwd_make_inputs(case, rng, np)
+        x, dy = inp["x"].reshape(m, n).astype(np.float64), inp["dy"].reshape(m, n).astype(np.float64)
+        dx, dw, writes, reads = emulate_backward(x, inp["w"].astype(np.float64), dy, inp["rstd"].astype(np.float64),
+                                                 params, esz, aligned)
+        assert (writes == 1).all() and (reads == 1).all(), (m, n)
+        ref = bwd_reference(inp, case, np)
+        np.testing.assert_allclose(dx.reshape(-1), ref["dx"], rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(dw, ref["dw"], rtol=1e-4, atol=1e-4)
