@@ -19,10 +19,11 @@
 //     and adds dy*x*rstd to its columns' dw accumulators (shared memory when SMEM_DW and
 //     N <= SMEM_DW_COLS, else the CTA's partial row in ws): x and dy are read once.
 //   * Each CTA then stores its partial row in ws, fences and takes a ticket; the CTAs holding the last
-//     K = min(REDUCERS, G) tickets wait until all G partials are in, each sums its 1/K of the columns
-//     over the G partials in CTA order (fixed: dw is bitwise reproducible), clears them, and the last
-//     of them resets the ticket. At most K CTAs ever wait, far fewer than fit on the GPU at once, so
-//     the CTAs they wait for always get an SM.
+//     K = min(REDUCERS, G, max(1, G / (2 * CTAS_PER_SM))) tickets wait until all G partials are in,
+//     each sums its 1/K of the columns over the G partials in CTA order (fixed: dw is bitwise
+//     reproducible), clears them, and the last of them resets the ticket. At most K CTAs ever wait,
+//     at most half the SMs (G <= CTAS_PER_SM per SM) while at least one CTA fits on each, so the
+//     CTAs they wait for always get an SM, on any GPU.
 //   N not a multiple of the 16-byte chunk, or unaligned pointers: the same with element accesses.
 //
 // Knobs: ALGO, THREADS (128..1024), UNROLL (ALGO 0: independent loads in flight per thread), LOAD_HINT
@@ -49,6 +50,9 @@
 #endif
 #ifndef SMEM_DW
 #define SMEM_DW 1
+#endif
+#ifndef CTAS_PER_SM
+#define CTAS_PER_SM 2
 #endif
 #ifndef REDUCERS
 #define REDUCERS 32
@@ -387,7 +391,10 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
     __syncthreads();
     const unsigned G = gridDim.x;
-    const unsigned K = G < REDUCERS ? G : REDUCERS;
+    // K waiting CTAs must leave an SM slot free for the ones they wait for: G is at most
+    // CTAS_PER_SM per SM, so G / (2 * CTAS_PER_SM) is at most half the SMs (one CTA fits per SM).
+    const unsigned cap = G / (2u * CTAS_PER_SM) > 0 ? G / (2u * CTAS_PER_SM) : 1u;
+    const unsigned K = min(min(G, static_cast<unsigned>(REDUCERS)), cap);
     const unsigned t = s_ticket;
     if (t < G - K) return;
     if (threadIdx.x == 0) {

@@ -281,7 +281,9 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
             dx[row, c] = r * dy[row, c] * w[c] - x[row, c] * r ** 3 * dot / n
             np.add.at(writes[row], c, 1)
             np.add.at(parts[b], c, dy[row, c] * x[row, c] * r)
-    k = min(reducers, g)
+    k = min(reducers, g, max(1, g // (2 * p["CTAS_PER_SM"])))  # the kernel's bound on waiting CTAs
+    sms = -(-g // p["CTAS_PER_SM"])
+    assert k == 1 or 2 * k <= sms  # never more waiting CTAs than half the SMs the grid was sized for
     reads = np.zeros((g, n), dtype=int)
     dw = np.full(n, np.nan)
     for ticket in range(g - k, g):
