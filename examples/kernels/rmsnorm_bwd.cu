@@ -72,12 +72,17 @@ __device__ __forceinline__ T ldx(const T* p) {
 #endif
 }
 
+// A 16-bit element's float value from its bits (DT 1 fp16, DT 2 bf16).
+template <int DT>
+__device__ __forceinline__ float half_bits(unsigned b) {
+    if (DT == 1) return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
+    return __uint_as_float(b << 16);
+}
+
 template <int DT>
 __device__ __forceinline__ float ld_elem(const void* base, long long i) {
     if (DT == 0) return ldx(static_cast<const float*>(base) + i);
-    unsigned short b = ldx(static_cast<const unsigned short*>(base) + i);
-    if (DT == 1) return __half2float(__ushort_as_half(b));
-    return __uint_as_float(static_cast<unsigned>(b) << 16);
+    return half_bits<DT>(ldx(static_cast<const unsigned short*>(base) + i));
 }
 
 template <int DT>
@@ -179,20 +184,7 @@ struct Chunk {
 
 template <int DT>
 __device__ __forceinline__ uint4 ld16(const void* base, long long elem) {
-    const uint4* p = reinterpret_cast<const uint4*>(static_cast<const char*>(base) + elem * (DT == 0 ? 4 : 2));
-#if LOAD_HINT == 1
-    return __ldg(p);
-#elif LOAD_HINT == 2
-    return __ldcg(p);
-#else
-    return *p;
-#endif
-}
-
-template <int DT>
-__device__ __forceinline__ float half_bits(unsigned b) {
-    if (DT == 1) return __half2float(__ushort_as_half(static_cast<unsigned short>(b)));
-    return __uint_as_float(b << 16);
+    return ldx(reinterpret_cast<const uint4*>(static_cast<const char*>(base) + elem * (DT == 0 ? 4 : 2)));
 }
 
 template <int DT>
