@@ -81,6 +81,17 @@ def test_invalid_combination_fails_to_compile(tmp_path: Path) -> None:
         nvcc_compile("rmsnorm_fwd.cu", _defines(p), tmp_path)
 
 
+def _cubins(kernel: str, params: tuple[dict, ...], tmp: Path) -> list[bytes]:
+    """The cubin of ``kernel`` for each params dict (compiled in subfolders of ``tmp``)."""
+    out = []
+    for j, p in enumerate(params):
+        d = tmp / str(j)
+        d.mkdir(parents=True)
+        nvcc_compile(kernel, _defines(p), d)
+        out.append((d / (kernel + ".cubin")).read_bytes())
+    return out
+
+
 def _bwd(**kw: int) -> dict:
     return dict(make_backward_problem().seeds[0].params, **kw)
 
@@ -115,12 +126,7 @@ def test_backward_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path)
     space = make_backward_problem().params
     for i, (a, b) in enumerate(pairs):
         assert space.canonical(b) == a
-        cubins = []
-        for j, p in enumerate((a, b)):
-            d = tmp_path / f"{i}-{j}"
-            d.mkdir()
-            nvcc_compile("rmsnorm_bwd.cu", _defines(p), d)
-            cubins.append((d / "rmsnorm_bwd.cu.cubin").read_bytes())
+        cubins = _cubins("rmsnorm_bwd.cu", (a, b), tmp_path / f"bwd-{i}")
         assert cubins[0] == cubins[1], (a, b)
         assert bwd_launch(a, case) == bwd_launch(b, case)
 
@@ -147,10 +153,5 @@ def test_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:
         for shape in [*CHECK_SHAPES, *TIMED_SHAPES]:
             for dtype in ("bfloat16", "float32"):
                 assert fwd_launch(a, Case(shape, dtype), dev) == fwd_launch(b, Case(shape, dtype), dev)
-        cubins = []
-        for j, p in enumerate((a, b)):
-            d = tmp_path / f"{i}-{j}"
-            d.mkdir()
-            nvcc_compile("rmsnorm_fwd.cu", _defines(p), d)
-            cubins.append((d / "rmsnorm_fwd.cu.cubin").read_bytes())
+        cubins = _cubins("rmsnorm_fwd.cu", (a, b), tmp_path / f"fwd-{i}")
         assert cubins[0] == cubins[1], f"STAGE {a['STAGE']}: the inactive knobs changed the cubin"
