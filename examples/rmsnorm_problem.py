@@ -588,15 +588,28 @@ def _c_bwd_registers(p: Mapping[str, Any]) -> bool:
     return int(p["ALGO"]) == 0 or int(p["THREADS"]) < 1024 or int(p["MAX_CHUNKS"]) <= 2
 
 
+def _c_bwd_prefetch(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 0 or not int(p["PREFETCH"]) or int(p["MAX_CHUNKS"]) * int(p["THREADS"]) <= 1024
+
+
+def _c_bwd_row_warp(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 0 or not int(p["ROW_WARP"]) or int(p["MAX_CHUNKS"]) * int(p["THREADS"]) <= 2048
+
+
 def backward_param_space() -> ParamSpace:
     """The backward kernel's knobs (both algorithms) and the rules a valid assignment follows."""
     return ParamSpace(
         params={"ALGO": Choice([0, 1]), "THREADS": Choice([128, 256, 512, 1024]), "UNROLL": Choice([1, 2, 4, 8]),
                 "LOAD_HINT": Choice([0, 1, 2]), "MAX_CHUNKS": Choice([1, 2, 4, 8]),
-                "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64])},
+                "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64]),
+                "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1])},
         constraints=(
             Constraint("ALGO 1 at 1024 threads: MAX_CHUNKS <= 2 (64 registers per thread; more chunks spill)",
                        _c_bwd_registers),
+            Constraint("ALGO 1 with PREFETCH: MAX_CHUNKS * THREADS <= 1024 (two rows of chunks in registers; "
+                       "more spills)", _c_bwd_prefetch),
+            Constraint("ALGO 1 with ROW_WARP: MAX_CHUNKS * THREADS <= 2048 (dw accumulators in registers; "
+                       "more spills)", _c_bwd_row_warp),
         ),
         # Knobs one algorithm does not read (the engine pins them to these defaults there).
         conditions=(
@@ -605,17 +618,24 @@ def backward_param_space() -> ParamSpace:
             Condition("CTAS_PER_SM", _b_persistent, 2, "CTAS_PER_SM only with ALGO 1"),
             Condition("SMEM_DW", _b_persistent, 1, "SMEM_DW only with ALGO 1"),
             Condition("REDUCERS", _b_persistent, 32, "REDUCERS only with ALGO 1"),
+            Condition("PREFETCH", _b_persistent, 0, "PREFETCH only with ALGO 1"),
+            Condition("ROW_WARP", _b_persistent, 0, "ROW_WARP only with ALGO 1"),
         ),
     )
 
 
 BWD_SEED_PARAMS: dict[str, int] = {"ALGO": 0, "THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0, "MAX_CHUNKS": 4,
-                                   "CTAS_PER_SM": 2, "SMEM_DW": 1, "REDUCERS": 32}
+                                   "CTAS_PER_SM": 2, "SMEM_DW": 1, "REDUCERS": 32, "PREFETCH": 0,
+                                   "ROW_WARP": 0}
 """The first backward seed: column and row CTAs (ALGO 0)."""
 
 BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
     # 16-byte chunks in registers: THREADS * MAX_CHUNKS * (8 half / 4 float) columns of a row per CTA
     {"THREADS": 128, "MAX_CHUNKS": 1, "CTAS_PER_SM": 4},   # N = 1K (16-bit)
+    {"THREADS": 128, "MAX_CHUNKS": 1, "CTAS_PER_SM": 4, "PREFETCH": 1, "REDUCERS": 64},  # 1K, next row in flight
+    # a warp per row, dw in registers: N <= MAX_CHUNKS * 32 chunks (1K 16-bit with 4, 1K fp32 with 8)
+    {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "PREFETCH": 1, "ROW_WARP": 1, "REDUCERS": 64},
+    {"THREADS": 128, "MAX_CHUNKS": 8, "CTAS_PER_SM": 3, "ROW_WARP": 1, "REDUCERS": 64},
     {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2},   # N = 4K (16-bit), 2K (fp32)
     {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 2},   # N = 16K (16-bit), 8K (fp32)
     {"THREADS": 512, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1},   # N = 16K (fp32)

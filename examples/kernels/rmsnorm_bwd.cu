@@ -20,14 +20,18 @@
 //     N <= SMEM_DW_COLS, else the CTA's partial row in ws): x and dy are read once.
 //   * Each CTA then stores its partial row in ws, fences and takes a ticket; the CTAs holding the last
 //     K = min(REDUCERS, G, max(1, G / (2 * CTAS_PER_SM))) tickets wait until all G partials are in,
-//     each sums its 1/K of the columns over the G partials in CTA order (fixed: dw is bitwise
-//     reproducible), clears them, and the last of them resets the ticket. At most K CTAs ever wait,
+//     each sums its 1/K of the columns over the G partials in a fixed order (dw is bitwise
+//     reproducible): CTA order, or, with fewer columns than threads, THREADS / L groups of threads
+//     (L column lanes) each summing every (THREADS / L)-th partial, added in group order; clears them, and the last of them resets the ticket. At most K CTAs ever wait,
 //     at most half the SMs (G <= CTAS_PER_SM per SM) while at least one CTA fits on each, so the
 //     CTAs they wait for always get an SM, on any GPU.
 //   N not a multiple of the 16-byte chunk, or unaligned pointers: the same with element accesses.
 //
 // Knobs: ALGO, THREADS (128..1024), UNROLL (ALGO 0: independent loads in flight per thread), LOAD_HINT
-// (0 default, 1 ld.global.nc, 2 ld.global.cg), MAX_CHUNKS, CTAS_PER_SM (launch), SMEM_DW, REDUCERS.
+// (0 default, 1 ld.global.nc, 2 ld.global.cg), MAX_CHUNKS, CTAS_PER_SM (launch), SMEM_DW, REDUCERS,
+// PREFETCH (ALGO 1, rows held in registers: load the CTA's (or warp's) next row before reducing this
+// one, so short rows keep two rows of loads in flight per thread), ROW_WARP (ALGO 1: one warp per
+// row when N / E <= MAX_CHUNKS * 32, dw accumulated in registers; see rows_warp).
 #include <cuda_fp16.h>
 
 #ifndef THREADS
@@ -56,6 +60,12 @@
 #endif
 #ifndef REDUCERS
 #define REDUCERS 32
+#endif
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+#ifndef ROW_WARP
+#define ROW_WARP 0
 #endif
 #define WARPS (THREADS / 32)
 #define WS_HEADER 32      // words of ws before the partial rows (the ticket counter is word 0)
@@ -263,6 +273,21 @@ __device__ __forceinline__ float block_sum(float v, float* red, int& parity) {
     return s;
 }
 
+// This thread's chunks (c = first + k * stride < nch) of one row of x and dy, into registers.
+template <int DT>
+__device__ __forceinline__ void load_chunks(const void* x, const void* dy, long long base, int nch, int first,
+                                            int stride, uint4 (&xr)[MAX_CHUNKS], uint4 (&gr)[MAX_CHUNKS]) {
+    constexpr int E = Chunk<DT>::E;
+#pragma unroll
+    for (int k = 0; k < MAX_CHUNKS; ++k) {
+        const int c = first + k * stride;
+        if (c < nch) {
+            xr[k] = ld16<DT>(x, base + static_cast<long long>(c) * E);
+            gr[k] = ld16<DT>(dy, base + static_cast<long long>(c) * E);
+        }
+    }
+}
+
 // 16-byte chunks; acc: this CTA's dw accumulators (shared or its partial row in ws), N floats.
 template <int DT>
 __device__ void rows_vec(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
@@ -271,19 +296,26 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
     const int nch = N / E;
     const bool in_regs = nch <= MAX_CHUNKS * THREADS;
     int parity = 0;
+    uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
+#if PREFETCH
+    uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];  // the CTA's next row, loaded while this one is reduced
+    if (in_regs && blockIdx.x < M) load_chunks<DT>(x, dy, static_cast<long long>(blockIdx.x) * N, nch, threadIdx.x, THREADS, xn, gn);
+#endif
     for (long long row = blockIdx.x; row < M; row += gridDim.x) {
         const long long base = row * N;
         float dot = 0.f;
-        uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
         if (in_regs) {
+#if PREFETCH
 #pragma unroll
             for (int k = 0; k < MAX_CHUNKS; ++k) {
-                const int c = threadIdx.x + k * THREADS;
-                if (c < nch) {
-                    xr[k] = ld16<DT>(x, base + static_cast<long long>(c) * E);
-                    gr[k] = ld16<DT>(dy, base + static_cast<long long>(c) * E);
-                }
+                xr[k] = xn[k];
+                gr[k] = gn[k];
             }
+            if (row + gridDim.x < M) load_chunks<DT>(x, dy, base + static_cast<long long>(gridDim.x) * N, nch, threadIdx.x, THREADS,
+                                                       xn, gn);
+#else
+            load_chunks<DT>(x, dy, base, nch, threadIdx.x, THREADS, xr, gr);
+#endif
 #pragma unroll
             for (int k = 0; k < MAX_CHUNKS; ++k) {
                 const int c = threadIdx.x + k * THREADS;
@@ -325,6 +357,100 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
                 finish_chunk<DT>(ld16<DT>(x, base + static_cast<long long>(c) * E),
                                  ld16<DT>(dy, base + static_cast<long long>(c) * E), w, dx, acc, base, c, r, coef);
         }
+    }
+}
+
+// ROW_WARP: each warp takes whole rows (rows b * WARPS + w, then every G * WARPS-th), lane l holding
+// chunks l, l + 32, ... (N / E <= MAX_CHUNKS * 32): the dot product needs shuffles only, no CTA
+// barrier, and the lane's dw columns are fixed, so it accumulates them in registers; at the end the
+// warps add theirs to acc (all zeros on entry) one warp after the other (warp order: reproducible).
+template <int DT>
+__device__ void rows_warp(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
+                          int M, int N) {
+    constexpr int E = Chunk<DT>::E;
+    const int nch = N / E;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long first = static_cast<long long>(blockIdx.x) * WARPS + warp;
+    const long long step = static_cast<long long>(gridDim.x) * WARPS;
+    float a[MAX_CHUNKS][E];
+#pragma unroll
+    for (int k = 0; k < MAX_CHUNKS; ++k)
+#pragma unroll
+        for (int e = 0; e < E; ++e) a[k][e] = 0.f;
+    uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
+#if PREFETCH
+    uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];
+    if (first < M) load_chunks<DT>(x, dy, first * N, nch, lane, 32, xn, gn);
+#endif
+    for (long long row = first; row < M; row += step) {
+        const long long base = row * N;
+#if PREFETCH
+#pragma unroll
+        for (int k = 0; k < MAX_CHUNKS; ++k) {
+            xr[k] = xn[k];
+            gr[k] = gn[k];
+        }
+        if (row + step < M) load_chunks<DT>(x, dy, base + step * N, nch, lane, 32, xn, gn);
+#else
+        load_chunks<DT>(x, dy, base, nch, lane, 32, xr, gr);
+#endif
+        float dot = 0.f;
+#pragma unroll
+        for (int k = 0; k < MAX_CHUNKS; ++k) {
+            const int c = lane + 32 * k;
+            if (c < nch) {
+                float xf[E], gf[E];
+                unpack<DT>(xr[k], xf);
+                unpack<DT>(gr[k], gf);
+                const float4* wp = reinterpret_cast<const float4*>(w + c * E);
+#pragma unroll
+                for (int q = 0; q < E / 4; ++q) {
+                    const float4 ww = __ldg(wp + q);
+                    dot = fmaf(xf[4 * q], gf[4 * q] * ww.x, dot);
+                    dot = fmaf(xf[4 * q + 1], gf[4 * q + 1] * ww.y, dot);
+                    dot = fmaf(xf[4 * q + 2], gf[4 * q + 2] * ww.z, dot);
+                    dot = fmaf(xf[4 * q + 3], gf[4 * q + 3] * ww.w, dot);
+                }
+            }
+        }
+        dot = warp_sum(dot);
+        const float r = __ldg(rstd + row);
+        const float coef = r * r * r * dot / static_cast<float>(N);
+#pragma unroll
+        for (int k = 0; k < MAX_CHUNKS; ++k) {
+            const int c = lane + 32 * k;
+            if (c < nch) {
+                float xf[E], gf[E], o[E];
+                unpack<DT>(xr[k], xf);
+                unpack<DT>(gr[k], gf);
+                const float4* wp = reinterpret_cast<const float4*>(w + c * E);
+#pragma unroll
+                for (int q = 0; q < E / 4; ++q) {
+                    const float4 ww = __ldg(wp + q);
+                    const float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int i = 4 * q + e;
+                        o[i] = r * gf[i] * wv[e] - xf[i] * coef;
+                        a[k][i] = fmaf(gf[i], xf[i] * r, a[k][i]);
+                    }
+                }
+                st16<DT>(dx, base + static_cast<long long>(c) * E, o);
+            }
+        }
+    }
+    for (int v = 0; v < WARPS; ++v) {
+        if (warp == v) {
+#pragma unroll
+            for (int k = 0; k < MAX_CHUNKS; ++k) {
+                const int c = lane + 32 * k;
+                if (c < nch) {
+#pragma unroll
+                    for (int e = 0; e < E; ++e) acc[c * E + e] += a[k][e];
+                }
+            }
+        }
+        __syncthreads();
     }
 }
 
@@ -370,8 +496,12 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     }
     const unsigned long long align = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dy)
                                    | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(w);
-    if (N % E == 0 && (align & 15) == 0) rows_vec<DT>(x, w, dy, rstd, dx, acc, M, N, red);
-    else rows_scalar<DT>(x, w, dy, rstd, dx, acc, M, N, red);
+    if (N % E == 0 && (align & 15) == 0) {
+        if (ROW_WARP && N / E <= MAX_CHUNKS * 32) rows_warp<DT>(x, w, dy, rstd, dx, acc, M, N);
+        else rows_vec<DT>(x, w, dy, rstd, dx, acc, M, N, red);
+    } else {
+        rows_scalar<DT>(x, w, dy, rstd, dx, acc, M, N, red);
+    }
     if (use_smem) {
         __syncthreads();
         for (int j = threadIdx.x; j < N; j += THREADS) mine[j] = sdw[j];
@@ -396,24 +526,47 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     const unsigned slice = t - (G - K);
     const int lo = static_cast<int>(static_cast<long long>(N) * slice / K);
     const int hi = static_cast<int>(static_cast<long long>(N) * (slice + 1) / K);
-    for (int j = lo + threadIdx.x; j < hi; j += THREADS) {
+    // L column lanes (a power of two >= 8 covering the slice, at most THREADS) and PG = THREADS / L
+    // partial groups: with fewer columns than threads (N / K small) the threads split the G partials
+    // too, group g summing partials g, g + PG, ... in order; the groups' sums are then added in group
+    // order through red.
+    int L = 8;
+    while (L < hi - lo && L < THREADS) L <<= 1;
+    L = min(L, THREADS);
+    const unsigned PG = THREADS / L;
+    const int lane = threadIdx.x % L;
+    const unsigned grp = threadIdx.x / L;
+    for (int j0 = lo; j0 < hi; j0 += L) {
+        const int j = j0 + lane;
         float s = 0.f;
-        unsigned p = 0;
-        for (; p + 8 <= G; p += 8) {
-            float v[8];
+        if (grp < PG && j < hi) {
+            unsigned p = grp;
+            for (; p + 7u * PG < G; p += 8u * PG) {
+                float v[8];
 #pragma unroll
-            for (int u = 0; u < 8; ++u) v[u] = __ldcg(parts + static_cast<long long>(p + u) * N + j);
+                for (int u = 0; u < 8; ++u) v[u] = __ldcg(parts + static_cast<long long>(p + u * PG) * N + j);
 #pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                s += v[u];
-                parts[static_cast<long long>(p + u) * N + j] = 0.f;
+                for (int u = 0; u < 8; ++u) {
+                    s += v[u];
+                    parts[static_cast<long long>(p + u * PG) * N + j] = 0.f;
+                }
+            }
+            for (; p < G; p += PG) {
+                s += __ldcg(parts + static_cast<long long>(p) * N + j);
+                parts[static_cast<long long>(p) * N + j] = 0.f;
             }
         }
-        for (; p < G; ++p) {
-            s += __ldcg(parts + static_cast<long long>(p) * N + j);
-            parts[static_cast<long long>(p) * N + j] = 0.f;
+        if (PG == 1) {  // uniform over the CTA
+            if (j < hi) dw[j] = s;
+        } else {
+            red[threadIdx.x] = s;
+            __syncthreads();
+            if (grp == 0 && j < hi) {
+                for (unsigned g = 1; g < PG; ++g) s += red[g * L + lane];
+                dw[j] = s;
+            }
+            __syncthreads();
         }
-        dw[j] = s;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -426,7 +579,7 @@ extern "C" __global__ void __launch_bounds__(THREADS)
                 const float* __restrict__ rstd, void* __restrict__ dx, float* __restrict__ dw, float* ws, int M,
                 int N, int dtype_code) {
 #if ALGO == 1
-    __shared__ float red[2 * WARPS];
+    __shared__ float red[THREADS];  // 2 * WARPS for the rows' dot products, THREADS for the dw reduction
     extern __shared__ float4 sdw4[];
     float* sdw = reinterpret_cast<float*>(sdw4);
     if (dtype_code == 0) persistent<0>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);

@@ -101,7 +101,13 @@ def _bwd(**kw: int) -> dict:
                                     _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, LOAD_HINT=1),
                                     _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=8, SMEM_DW=0, REDUCERS=64),
                                     _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=8, LOAD_HINT=2, REDUCERS=8),
-                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, CTAS_PER_SM=4)])
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, CTAS_PER_SM=4),
+                                    # PREFETCH and ROW_WARP at the edges of their register rules
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=2, PREFETCH=1),
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, LOAD_HINT=1),
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, ROW_WARP=1),
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=4, ROW_WARP=1, LOAD_HINT=2),
+                                    _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, ROW_WARP=1)])
 def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert make_backward_problem().params.is_valid(params)
     log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
@@ -115,13 +121,24 @@ def test_backward_register_rule_is_needed(tmp_path: Path) -> None:
     assert _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)) > 0
 
 
+@pytest.mark.parametrize("kw", [{"THREADS": 1024, "MAX_CHUNKS": 2, "PREFETCH": 1},
+                                {"THREADS": 512, "MAX_CHUNKS": 4, "PREFETCH": 1},
+                                {"THREADS": 512, "MAX_CHUNKS": 8, "ROW_WARP": 1}])
+def test_backward_prefetch_and_row_warp_rules_are_needed(tmp_path: Path, kw: dict) -> None:
+    """What the PREFETCH and ROW_WARP constraints forbid does spill (and is valid without them)."""
+    params = _bwd(ALGO=1, **kw)
+    assert not make_backward_problem().params.is_valid(params)
+    assert make_backward_problem().params.is_valid(dict(params, PREFETCH=0, ROW_WARP=0))
+    assert _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)) > 0
+
+
 def test_backward_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:
     """The backward space's conditions are true: each algorithm ignores the other's knobs."""
     from evo.types import Case
     from examples.rmsnorm_problem import bwd_launch
 
     case = Case({"M": 4096, "N": 4096}, "bfloat16")
-    pairs = [(_bwd(), _bwd(MAX_CHUNKS=8, CTAS_PER_SM=3, SMEM_DW=0, REDUCERS=8)),
+    pairs = [(_bwd(), _bwd(MAX_CHUNKS=8, CTAS_PER_SM=3, SMEM_DW=0, REDUCERS=8, PREFETCH=1, ROW_WARP=1)),
              (_bwd(ALGO=1), _bwd(ALGO=1, UNROLL=1))]
     space = make_backward_problem().params
     for i, (a, b) in enumerate(pairs):

@@ -262,11 +262,19 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
     dx = np.full((m, n), np.nan)
     writes = np.zeros((m, n), dtype=int)
     parts = np.zeros((g, n))
+    warps = threads // 32
+    row_warp = bool(p.get("ROW_WARP")) and vec and n // e <= chunks * 32
     for b in range(g):
-        for row in range(b, m, g):
+        # ROW_WARP: warp w of CTA b takes rows b * warps + w, then every (g * warps)-th; lane l chunks l, l + 32, ...
+        rows = (sorted(r for wp in range(warps) for r in range(b * warps + wp, m, g * warps)) if row_warp
+                else range(b, m, g))
+        for row in rows:
             cols: list[int] = []
-            for t in range(threads):
-                if vec:
+            for t in range(32 if row_warp else threads):
+                if row_warp:
+                    mine = [t + 32 * k for k in range(chunks) if t + 32 * k < n // e]
+                    cols.extend(c * e + i for c in mine for i in range(e))
+                elif vec:
                     nch = n // e
                     if nch <= chunks * threads:
                         mine = [t + k * threads for k in range(chunks) if t + k * threads < nch]
@@ -289,9 +297,19 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
     for ticket in range(g - k, g):
         s = ticket - (g - k)
         lo, hi = n * s // k, n * (s + 1) // k
-        for j in range(lo, hi):
-            dw[j] = sum(parts[q, j] for q in range(g))  # CTA order
-            reads[:, j] += 1
+        lanes = 8  # column lanes: a power of two >= 8 covering the slice, at most threads
+        while lanes < hi - lo and lanes < threads:
+            lanes *= 2
+        lanes = min(lanes, threads)
+        groups = threads // lanes  # partial groups
+        for j0 in range(lo, hi, lanes):
+            for j in range(j0, min(j0 + lanes, hi)):
+                sums = []
+                for grp in range(groups):  # group grp: partials grp, grp + groups, ... in order
+                    qs = list(range(grp, g, groups))
+                    sums.append(sum(parts[q, j] for q in qs))
+                    reads[qs, j] += 1
+                dw[j] = sum(sums)  # in group order
     return dx, dw, writes, reads
 
 
@@ -299,17 +317,20 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
     {"THREADS": 128, "MAX_CHUNKS": 1, "CTAS_PER_SM": 4, "REDUCERS": 32},
     {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "REDUCERS": 64},
     {"THREADS": 128, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "REDUCERS": 8},
+    {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "REDUCERS": 64, "ROW_WARP": 1},
+    {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "REDUCERS": 32, "ROW_WARP": 1},
 ])
 @pytest.mark.parametrize("esz", [2, 4])
 def test_backward_persistent_every_element_once(p: dict, esz: int) -> None:
     """Every dx element written once, every dw column reduced once over every CTA's partial,
-    for chunked rows that fit the registers, rows that do not, odd N and M below the grid."""
+    for chunked rows that fit the registers, rows that do not, odd N, M below the grid, and
+    reducers with fewer columns than threads (the partials split over groups of threads)."""
     from examples.rmsnorm_problem import bwd_make_inputs, bwd_reference
 
     params = {"ALGO": 1, "SMEM_DW": 1, **p}
     rng = np.random.default_rng(3)
     for m, n, aligned in [(1, 7, True), (5, 1024, True), (300, 4096, True), (70, 40968, True), (9, 1000, False),
-                          (6, 1026, True)]:
+                          (6, 1026, True), (600, 1024, True), (600, 40, True)]:
         case = Case({"M": m, "N": n}, "float32")
         inp = bwd_make_inputs(case, rng, np)
         x, dy = inp["x"].reshape(m, n).astype(np.float64), inp["dy"].reshape(m, n).astype(np.float64)

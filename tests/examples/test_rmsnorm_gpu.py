@@ -144,7 +144,7 @@ def test_backward_persistent_seeds(cuda_device) -> None:
     """ALGO 1 (per-CTA partials, last CTAs reduce): odd N, M=1, unaligned chunks, N past the smem limit."""
     prob = make_backward_problem()
     shapes = [s for s in SMALL[:-1] if s["N"] > 1] + [{"M": 2048, "N": 1024}, {"M": 700, "N": 4096},
-                                                       {"M": 5, "N": 40968}]
+                                                       {"M": 5, "N": 40968}, {"M": 9000, "N": 1024}]
     for g in prob.seeds[1:]:
         _check(prob, g, shapes)
 
@@ -155,6 +155,22 @@ def test_backward_sampled_params(cuda_device) -> None:
     for _ in range(8):
         _check(prob, prob.seeds[0].with_params(**prob.params.sample(rng)), [{"M": 3, "N": 7}, {"M": 300, "N": 2048},
                                                                             {"M": 2, "N": 1026}])
+
+
+def test_backward_row_warp_sampled(cuda_device) -> None:
+    """ALGO 1 with a warp per row (and with PREFETCH) over sampled knobs: rows that fit the warp's
+    chunks in every dtype, many rows per warp, M below the warp count, and the fallbacks."""
+    prob = make_backward_problem()
+    rng = np.random.default_rng(11)
+    shapes = [{"M": 3000, "N": 1024}, {"M": 5, "N": 256}, {"M": 1, "N": 64}, {"M": 300, "N": 40},
+              {"M": 7, "N": 1026}, {"M": 64, "N": 4096}]
+    done = 0
+    while done < 6:
+        p = dict(prob.params.sample(rng), ALGO=1, ROW_WARP=1)
+        if not prob.params.is_valid(p):
+            continue
+        _check(prob, prob.seeds[0].with_params(**p), shapes)
+        done += 1
 
 
 def test_backward_seeds_through_evaluator(cuda_device) -> None:

@@ -223,8 +223,8 @@ def test_backward_persistent_launch_and_workspace() -> None:
     from examples.rmsnorm_problem import BWD_PARTS_MAX, BWD_SMEM_DW_COLS, BWD_WS_HEADER, bwd_signature
 
     prob = make_backward_problem()
-    p = dict(prob.seeds[3].params)
-    assert p["ALGO"] == 1 and p["CTAS_PER_SM"] == 2
+    p = dict(prob.seeds[6].params)
+    assert p["ALGO"] == 1 and p["CTAS_PER_SM"] == 2 and p["MAX_CHUNKS"] == 8
     dev = DeviceInfo("gpu", "9.0", sm_count=132)
     big = Case({"M": 32768, "N": 16384}, "bfloat16")
     L = bwd_launch(p, big, dev)
@@ -236,4 +236,4 @@ def test_backward_persistent_launch_and_workspace() -> None:
     ws = bwd_signature(big)[-1]
     assert ws.role == "workspace" and ws.numel == BWD_WS_HEADER + BWD_PARTS_MAX * 16384
     assert bwd_signature(Case({"M": 3, "N": 7}, "float32"))[-1].numel == BWD_WS_HEADER + 3 * 7
-    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 5
+    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 8
