@@ -95,9 +95,7 @@ def providers(module: Any | None) -> dict[str, Callable[[Any, Any], Callable[[],
         return make
 
     out["torch"] = cast_once(eager)
-    for knob in ("recompile_limit", "cache_size_limit"):  # one compile per shape: 33 cases, not 8
-        if hasattr(torch._dynamo.config, knob):
-            setattr(torch._dynamo.config, knob, 256)
+    _allow_recompiles(torch)
     compiled = torch.compile(eager, dynamic=False)
     out["torch.compile"] = cast_once(compiled)
     try:
@@ -127,6 +125,14 @@ def providers(module: Any | None) -> dict[str, Callable[[Any, Any], Callable[[],
     return out
 
 
+def _allow_recompiles(torch: Any) -> None:
+    """One torch.compile specialisation per case (33 forward, 9 backward), not dynamo's default
+    limit of 8, past which it silently runs the function eagerly."""
+    for knob in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, knob):
+            setattr(torch._dynamo.config, knob, 256)
+
+
 def providers_backward(module: Any | None) -> dict[str, Callable[..., Callable[[], Any]]]:
     """name -> make_call(x, w, dy, rstd) for the backward (dx and dw); w and rstd are float32."""
     import torch
@@ -151,6 +157,7 @@ def providers_backward(module: Any | None) -> dict[str, Callable[..., Callable[[
             return call
         out["evo (ours)"] = evo_call
     out["torch"] = lambda x, w, dy, rstd: (lambda: rmsnorm_backward_torch(x, w, dy, rstd))
+    _allow_recompiles(torch)
     compiled = torch.compile(rmsnorm_backward_torch, dynamic=False)
     out["torch.compile"] = lambda x, w, dy, rstd: (lambda: compiled(x, w, dy, rstd))
     try:
