@@ -596,13 +596,17 @@ def _c_bwd_row_warp(p: Mapping[str, Any]) -> bool:
     return int(p["ALGO"]) == 0 or not int(p["ROW_WARP"]) or int(p["MAX_CHUNKS"]) * int(p["THREADS"]) <= 2048
 
 
+def _c_bwd_row_groups(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 0 or int(p["ROW_WARP"]) <= 1 or int(p["THREADS"]) <= 256 * int(p["ROW_WARP"])
+
+
 def backward_param_space() -> ParamSpace:
     """The backward kernel's knobs (both algorithms) and the rules a valid assignment follows."""
     return ParamSpace(
         params={"ALGO": Choice([0, 1]), "THREADS": Choice([128, 256, 512, 1024]), "UNROLL": Choice([1, 2, 4, 8]),
                 "LOAD_HINT": Choice([0, 1, 2]), "MAX_CHUNKS": Choice([1, 2, 4, 8]),
                 "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64]),
-                "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1])},
+                "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1, 2, 4])},
         constraints=(
             Constraint("ALGO 1 at 1024 threads: MAX_CHUNKS <= 2 (64 registers per thread; more chunks spill)",
                        _c_bwd_registers),
@@ -610,6 +614,8 @@ def backward_param_space() -> ParamSpace:
                        "more spills)", _c_bwd_prefetch),
             Constraint("ALGO 1 with ROW_WARP: MAX_CHUNKS * THREADS <= 2048 (dw accumulators in registers; "
                        "more spills)", _c_bwd_row_warp),
+            Constraint("ALGO 1 with ROW_WARP > 1: THREADS <= 256 * ROW_WARP (at most 8 row groups, one named "
+                       "barrier each)", _c_bwd_row_groups),
         ),
         # Knobs one algorithm does not read (the engine pins them to these defaults there).
         conditions=(
@@ -639,6 +645,9 @@ BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
     {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2},   # N = 4K (16-bit), 2K (fp32)
     {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 2},   # N = 16K (16-bit), 8K (fp32)
     {"THREADS": 512, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1},   # N = 16K (fp32)
+    # four warps per row (a named barrier per row group, not the CTA's): N = 4K (16-bit) with 4 chunks
+    {"THREADS": 256, "MAX_CHUNKS": 4, "CTAS_PER_SM": 2, "ROW_WARP": 4, "REDUCERS": 64},
+    {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "ROW_WARP": 4, "PREFETCH": 1, "REDUCERS": 64},
 )
 """Persistent (ALGO 1) seeds: x and dy read once, per-CTA dw partials reduced by the last CTAs."""
 

@@ -30,8 +30,9 @@
 // Knobs: ALGO, THREADS (128..1024), UNROLL (ALGO 0: independent loads in flight per thread), LOAD_HINT
 // (0 default, 1 ld.global.nc, 2 ld.global.cg), MAX_CHUNKS, CTAS_PER_SM (launch), SMEM_DW, REDUCERS,
 // PREFETCH (ALGO 1, rows held in registers: load the CTA's (or warp's) next row before reducing this
-// one, so short rows keep two rows of loads in flight per thread), ROW_WARP (ALGO 1: one warp per
-// row when N / E <= MAX_CHUNKS * 32, dw accumulated in registers; see rows_warp).
+// one, so short rows keep two rows of loads in flight per thread), ROW_WARP (ALGO 1: 0 a CTA per row;
+// 1, 2 or 4: that many warps per row when N / E <= MAX_CHUNKS * 32 * ROW_WARP, dw accumulated in
+// registers; see rows_warp).
 #include <cuda_fp16.h>
 
 #ifndef THREADS
@@ -66,6 +67,12 @@
 #endif
 #ifndef ROW_WARP
 #define ROW_WARP 0
+#endif
+#if ROW_WARP != 0 && ROW_WARP != 1 && ROW_WARP != 2 && ROW_WARP != 4
+#error "ROW_WARP must be 0, 1, 2 or 4"
+#endif
+#if ROW_WARP > 1 && (THREADS % (32 * ROW_WARP) != 0 || THREADS / (32 * ROW_WARP) > 8)
+#error "ROW_WARP > 1 needs THREADS a multiple of 32 * ROW_WARP, at most 8 row groups (named barriers 1..8)"
 #endif
 #define WARPS (THREADS / 32)
 #define WS_HEADER 32      // words of ws before the partial rows (the ticket counter is word 0)
@@ -360,18 +367,25 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
     }
 }
 
-// ROW_WARP: each warp takes whole rows (rows b * WARPS + w, then every G * WARPS-th), lane l holding
-// chunks l, l + 32, ... (N / E <= MAX_CHUNKS * 32): the dot product needs shuffles only, no CTA
-// barrier, and the lane's dw columns are fixed, so it accumulates them in registers; at the end the
-// warps add theirs to acc (all zeros on entry) one warp after the other (warp order: reproducible).
+// ROW_WARP (RW warps per row): group g of the CTA (RW warps, GT = 32 * RW threads) takes rows
+// b * NG + g, then every (G * NG)-th (NG = WARPS / RW groups); thread t of the group holds chunks t,
+// t + GT, ... (N / E <= MAX_CHUNKS * GT). The dot product needs shuffles and, with RW > 1, one
+// exchange of RW floats behind the group's own named barrier (no CTA barrier per row). A thread's
+// dw columns are the same in every row, so it accumulates them in registers; at the end the warps
+// add theirs to acc (all zeros on entry) one warp after the other (warp order: reproducible).
 template <int DT>
 __device__ void rows_warp(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
-                          int M, int N) {
+                          int M, int N, float* red) {
     constexpr int E = Chunk<DT>::E;
+    constexpr int RW = ROW_WARP > 0 ? ROW_WARP : 1;
+    constexpr int GT = 32 * RW;        // threads per row group
+    constexpr int NG = WARPS / RW;     // row groups per CTA
     const int nch = N / E;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long first = static_cast<long long>(blockIdx.x) * WARPS + warp;
-    const long long step = static_cast<long long>(gridDim.x) * WARPS;
+    const int warp = threadIdx.x >> 5;
+    const int tg = threadIdx.x % GT, grp = threadIdx.x / GT;
+    const long long first = static_cast<long long>(blockIdx.x) * NG + grp;
+    const long long step = static_cast<long long>(gridDim.x) * NG;
+    int parity = 0;
     float a[MAX_CHUNKS][E];
 #pragma unroll
     for (int k = 0; k < MAX_CHUNKS; ++k)
@@ -380,7 +394,7 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
     uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
 #if PREFETCH
     uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];
-    if (first < M) load_chunks<DT>(x, dy, first * N, nch, lane, 32, xn, gn);
+    if (first < M) load_chunks<DT>(x, dy, first * N, nch, tg, GT, xn, gn);
 #endif
     for (long long row = first; row < M; row += step) {
         const long long base = row * N;
@@ -390,14 +404,14 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
             xr[k] = xn[k];
             gr[k] = gn[k];
         }
-        if (row + step < M) load_chunks<DT>(x, dy, base + step * N, nch, lane, 32, xn, gn);
+        if (row + step < M) load_chunks<DT>(x, dy, base + step * N, nch, tg, GT, xn, gn);
 #else
-        load_chunks<DT>(x, dy, base, nch, lane, 32, xr, gr);
+        load_chunks<DT>(x, dy, base, nch, tg, GT, xr, gr);
 #endif
         float dot = 0.f;
 #pragma unroll
         for (int k = 0; k < MAX_CHUNKS; ++k) {
-            const int c = lane + 32 * k;
+            const int c = tg + GT * k;
             if (c < nch) {
                 float xf[E], gf[E];
                 unpack<DT>(xr[k], xf);
@@ -414,11 +428,20 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
             }
         }
         dot = warp_sum(dot);
+        if constexpr (RW > 1) {  // the group's RW warp sums, alternating halves by row (as block_sum)
+            float* gred = red + (grp * 2 + parity) * RW;
+            if ((threadIdx.x & 31) == 0) gred[(threadIdx.x >> 5) % RW] = dot;
+            asm volatile("bar.sync %0, %1;" : : "r"(1 + grp), "r"(GT) : "memory");
+            dot = 0.f;
+#pragma unroll
+            for (int k = 0; k < RW; ++k) dot += gred[k];
+            parity ^= 1;
+        }
         const float r = __ldg(rstd + row);
         const float coef = r * r * r * dot / static_cast<float>(N);
 #pragma unroll
         for (int k = 0; k < MAX_CHUNKS; ++k) {
-            const int c = lane + 32 * k;
+            const int c = tg + GT * k;
             if (c < nch) {
                 float xf[E], gf[E], o[E];
                 unpack<DT>(xr[k], xf);
@@ -443,7 +466,7 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
         if (warp == v) {
 #pragma unroll
             for (int k = 0; k < MAX_CHUNKS; ++k) {
-                const int c = lane + 32 * k;
+                const int c = tg + GT * k;
                 if (c < nch) {
 #pragma unroll
                     for (int e = 0; e < E; ++e) acc[c * E + e] += a[k][e];
@@ -497,7 +520,7 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     const unsigned long long align = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dy)
                                    | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(w);
     if (N % E == 0 && (align & 15) == 0) {
-        if (ROW_WARP && N / E <= MAX_CHUNKS * 32) rows_warp<DT>(x, w, dy, rstd, dx, acc, M, N);
+        if (ROW_WARP && N / E <= MAX_CHUNKS * 32 * ROW_WARP) rows_warp<DT>(x, w, dy, rstd, dx, acc, M, N, red);
         else rows_vec<DT>(x, w, dy, rstd, dx, acc, M, N, red);
     } else {
         rows_scalar<DT>(x, w, dy, rstd, dx, acc, M, N, red);

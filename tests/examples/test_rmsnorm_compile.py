@@ -107,7 +107,10 @@ def _bwd(**kw: int) -> dict:
                                     _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, LOAD_HINT=1),
                                     _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, ROW_WARP=1),
                                     _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=4, ROW_WARP=1, LOAD_HINT=2),
-                                    _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, ROW_WARP=1)])
+                                    _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, ROW_WARP=1),
+                                    _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, ROW_WARP=4),
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=4, ROW_WARP=2),
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, ROW_WARP=4)])
 def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert make_backward_problem().params.is_valid(params)
     log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
@@ -130,6 +133,14 @@ def test_backward_prefetch_and_row_warp_rules_are_needed(tmp_path: Path, kw: dic
     assert not make_backward_problem().params.is_valid(params)
     assert make_backward_problem().params.is_valid(dict(params, PREFETCH=0, ROW_WARP=0))
     assert _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)) > 0
+
+
+def test_backward_row_group_rule_matches_the_kernel(tmp_path: Path) -> None:
+    """ROW_WARP > 1 with more than 8 row groups is refused by the space and by the kernel."""
+    params = _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=1, ROW_WARP=2)
+    assert not make_backward_problem().params.is_valid(params)
+    with pytest.raises(AssertionError, match="at most 8 row groups"):
+        nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
 
 
 def test_backward_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:

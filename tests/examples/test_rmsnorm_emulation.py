@@ -262,17 +262,19 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
     dx = np.full((m, n), np.nan)
     writes = np.zeros((m, n), dtype=int)
     parts = np.zeros((g, n))
-    warps = threads // 32
-    row_warp = bool(p.get("ROW_WARP")) and vec and n // e <= chunks * 32
+    rw = int(p.get("ROW_WARP", 0))
+    gt = 32 * max(rw, 1)  # threads per row group
+    ng = threads // gt  # row groups per CTA
+    row_warp = rw > 0 and vec and n // e <= chunks * gt
     for b in range(g):
-        # ROW_WARP: warp w of CTA b takes rows b * warps + w, then every (g * warps)-th; lane l chunks l, l + 32, ...
-        rows = (sorted(r for wp in range(warps) for r in range(b * warps + wp, m, g * warps)) if row_warp
+        # ROW_WARP: group q of CTA b takes rows b * ng + q, then every (g * ng)-th; its thread t chunks t, t + gt, ...
+        rows = (sorted(r for q in range(ng) for r in range(b * ng + q, m, g * ng)) if row_warp
                 else range(b, m, g))
         for row in rows:
             cols: list[int] = []
-            for t in range(32 if row_warp else threads):
+            for t in range(gt if row_warp else threads):
                 if row_warp:
-                    mine = [t + 32 * k for k in range(chunks) if t + 32 * k < n // e]
+                    mine = [t + gt * k for k in range(chunks) if t + gt * k < n // e]
                     cols.extend(c * e + i for c in mine for i in range(e))
                 elif vec:
                     nch = n // e
@@ -319,6 +321,8 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
     {"THREADS": 128, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "REDUCERS": 8},
     {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "REDUCERS": 64, "ROW_WARP": 1},
     {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "REDUCERS": 32, "ROW_WARP": 1},
+    {"THREADS": 256, "MAX_CHUNKS": 4, "CTAS_PER_SM": 2, "REDUCERS": 64, "ROW_WARP": 4},
+    {"THREADS": 512, "MAX_CHUNKS": 2, "CTAS_PER_SM": 1, "REDUCERS": 8, "ROW_WARP": 2},
 ])
 @pytest.mark.parametrize("esz", [2, 4])
 def test_backward_persistent_every_element_once(p: dict, esz: int) -> None:

@@ -158,15 +158,15 @@ def test_backward_sampled_params(cuda_device) -> None:
 
 
 def test_backward_row_warp_sampled(cuda_device) -> None:
-    """ALGO 1 with a warp per row (and with PREFETCH) over sampled knobs: rows that fit the warp's
-    chunks in every dtype, many rows per warp, M below the warp count, and the fallbacks."""
+    """ALGO 1 with 1, 2 or 4 warps per row (and PREFETCH) over sampled knobs: rows that fit the
+    group's chunks in every dtype, many rows per group, M below the group count, and the fallbacks."""
     prob = make_backward_problem()
     rng = np.random.default_rng(11)
     shapes = [{"M": 3000, "N": 1024}, {"M": 5, "N": 256}, {"M": 1, "N": 64}, {"M": 300, "N": 40},
               {"M": 7, "N": 1026}, {"M": 64, "N": 4096}]
     done = 0
-    while done < 6:
-        p = dict(prob.params.sample(rng), ALGO=1, ROW_WARP=1)
+    while done < 9:
+        p = dict(prob.params.sample(rng), ALGO=1, ROW_WARP=[1, 2, 4][done % 3])
         if not prob.params.is_valid(p):
             continue
         _check(prob, prob.seeds[0].with_params(**p), shapes)
