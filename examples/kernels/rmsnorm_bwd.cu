@@ -295,6 +295,52 @@ __device__ __forceinline__ void load_chunks(const void* x, const void* dy, long 
     }
 }
 
+// This thread's chunks of the row at base, into xr and gr. With PREFETCH they were loaded ahead into
+// xn and gn, and the chunks of the thread's next row (at base + ahead, if has_next) are loaded there now.
+template <int DT>
+__device__ __forceinline__ void take_row(const void* x, const void* dy, long long base, long long ahead,
+                                         bool has_next, int nch, int first, int stride, uint4 (&xr)[MAX_CHUNKS],
+                                         uint4 (&gr)[MAX_CHUNKS], uint4 (&xn)[MAX_CHUNKS],
+                                         uint4 (&gn)[MAX_CHUNKS]) {
+#if PREFETCH
+#pragma unroll
+    for (int k = 0; k < MAX_CHUNKS; ++k) {
+        xr[k] = xn[k];
+        gr[k] = gn[k];
+    }
+    if (has_next) load_chunks<DT>(x, dy, base + ahead, nch, first, stride, xn, gn);
+#else
+    load_chunks<DT>(x, dy, base, nch, first, stride, xr, gr);
+#endif
+}
+
+// This thread's part of sum_j w_j dy_j x_j over its chunks (c = first + k * stride < nch) held in registers.
+template <int DT>
+__device__ __forceinline__ float chunks_dot(const uint4 (&xr)[MAX_CHUNKS], const uint4 (&gr)[MAX_CHUNKS],
+                                            const float* w, int nch, int first, int stride) {
+    constexpr int E = Chunk<DT>::E;
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < MAX_CHUNKS; ++k) {
+        const int c = first + k * stride;
+        if (c < nch) {
+            float xf[E], gf[E];
+            unpack<DT>(xr[k], xf);
+            unpack<DT>(gr[k], gf);
+            const float4* wp = reinterpret_cast<const float4*>(w + c * E);
+#pragma unroll
+            for (int q = 0; q < E / 4; ++q) {
+                const float4 ww = __ldg(wp + q);
+                dot = fmaf(xf[4 * q], gf[4 * q] * ww.x, dot);
+                dot = fmaf(xf[4 * q + 1], gf[4 * q + 1] * ww.y, dot);
+                dot = fmaf(xf[4 * q + 2], gf[4 * q + 2] * ww.z, dot);
+                dot = fmaf(xf[4 * q + 3], gf[4 * q + 3] * ww.w, dot);
+            }
+        }
+    }
+    return dot;
+}
+
 // 16-byte chunks; acc: this CTA's dw accumulators (shared or its partial row in ws), N floats.
 template <int DT>
 __device__ void rows_vec(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
@@ -304,43 +350,18 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
     const bool in_regs = nch <= MAX_CHUNKS * THREADS;
     int parity = 0;
     uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
+    uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];  // PREFETCH: the CTA's next row, loaded while this one is reduced
 #if PREFETCH
-    uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];  // the CTA's next row, loaded while this one is reduced
-    if (in_regs && blockIdx.x < M) load_chunks<DT>(x, dy, static_cast<long long>(blockIdx.x) * N, nch, threadIdx.x, THREADS, xn, gn);
+    if (in_regs && blockIdx.x < M)
+        load_chunks<DT>(x, dy, static_cast<long long>(blockIdx.x) * N, nch, threadIdx.x, THREADS, xn, gn);
 #endif
     for (long long row = blockIdx.x; row < M; row += gridDim.x) {
         const long long base = row * N;
         float dot = 0.f;
         if (in_regs) {
-#if PREFETCH
-#pragma unroll
-            for (int k = 0; k < MAX_CHUNKS; ++k) {
-                xr[k] = xn[k];
-                gr[k] = gn[k];
-            }
-            if (row + gridDim.x < M) load_chunks<DT>(x, dy, base + static_cast<long long>(gridDim.x) * N, nch, threadIdx.x, THREADS,
-                                                       xn, gn);
-#else
-            load_chunks<DT>(x, dy, base, nch, threadIdx.x, THREADS, xr, gr);
-#endif
-#pragma unroll
-            for (int k = 0; k < MAX_CHUNKS; ++k) {
-                const int c = threadIdx.x + k * THREADS;
-                if (c < nch) {
-                    float xf[E], gf[E];
-                    unpack<DT>(xr[k], xf);
-                    unpack<DT>(gr[k], gf);
-                    const float4* wp = reinterpret_cast<const float4*>(w + c * E);
-#pragma unroll
-                    for (int q = 0; q < E / 4; ++q) {
-                        const float4 ww = __ldg(wp + q);
-                        dot = fmaf(xf[4 * q], gf[4 * q] * ww.x, dot);
-                        dot = fmaf(xf[4 * q + 1], gf[4 * q + 1] * ww.y, dot);
-                        dot = fmaf(xf[4 * q + 2], gf[4 * q + 2] * ww.z, dot);
-                        dot = fmaf(xf[4 * q + 3], gf[4 * q + 3] * ww.w, dot);
-                    }
-                }
-            }
+            take_row<DT>(x, dy, base, static_cast<long long>(gridDim.x) * N, row + gridDim.x < M, nch,
+                         threadIdx.x, THREADS, xr, gr, xn, gn);
+            dot = chunks_dot<DT>(xr, gr, w, nch, threadIdx.x, THREADS);
         } else {
             for (int c = threadIdx.x; c < nch; c += THREADS) {
                 float xf[E], gf[E];
@@ -392,42 +413,14 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
 #pragma unroll
         for (int e = 0; e < E; ++e) a[k][e] = 0.f;
     uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
+    uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];  // PREFETCH: the group's next row
 #if PREFETCH
-    uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];
     if (first < M) load_chunks<DT>(x, dy, first * N, nch, tg, GT, xn, gn);
 #endif
     for (long long row = first; row < M; row += step) {
         const long long base = row * N;
-#if PREFETCH
-#pragma unroll
-        for (int k = 0; k < MAX_CHUNKS; ++k) {
-            xr[k] = xn[k];
-            gr[k] = gn[k];
-        }
-        if (row + step < M) load_chunks<DT>(x, dy, base + step * N, nch, tg, GT, xn, gn);
-#else
-        load_chunks<DT>(x, dy, base, nch, tg, GT, xr, gr);
-#endif
-        float dot = 0.f;
-#pragma unroll
-        for (int k = 0; k < MAX_CHUNKS; ++k) {
-            const int c = tg + GT * k;
-            if (c < nch) {
-                float xf[E], gf[E];
-                unpack<DT>(xr[k], xf);
-                unpack<DT>(gr[k], gf);
-                const float4* wp = reinterpret_cast<const float4*>(w + c * E);
-#pragma unroll
-                for (int q = 0; q < E / 4; ++q) {
-                    const float4 ww = __ldg(wp + q);
-                    dot = fmaf(xf[4 * q], gf[4 * q] * ww.x, dot);
-                    dot = fmaf(xf[4 * q + 1], gf[4 * q + 1] * ww.y, dot);
-                    dot = fmaf(xf[4 * q + 2], gf[4 * q + 2] * ww.z, dot);
-                    dot = fmaf(xf[4 * q + 3], gf[4 * q + 3] * ww.w, dot);
-                }
-            }
-        }
-        dot = warp_sum(dot);
+        take_row<DT>(x, dy, base, step * N, row + step < M, nch, tg, GT, xr, gr, xn, gn);
+        float dot = warp_sum(chunks_dot<DT>(xr, gr, w, nch, tg, GT));
         if constexpr (RW > 1) {  // the group's RW warp sums, alternating halves by row (as block_sum)
             float* gred = red + (grp * 2 + parity) * RW;
             if ((threadIdx.x & 31) == 0) gred[(threadIdx.x >> 5) % RW] = dot;
