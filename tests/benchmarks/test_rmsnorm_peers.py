@@ -1,0 +1,52 @@
+"""The peer benchmark's output holding: each input set's latest output stays alive (no GPU needed)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import rmsnorm_peers  # noqa: E402
+
+
+class _Out:
+    """Stands for a provider's freshly allocated output tensor."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+
+def test_holding_keeps_each_sets_latest_output_until_its_next_call() -> None:
+    made: list[weakref.ref[_Out]] = []
+
+    def make_call(x: str, w: str) -> object:
+        def call() -> _Out:
+            out = _Out(f"{x}{len(made)}")
+            made.append(weakref.ref(out))
+            return out
+        return call
+
+    calls = [rmsnorm_peers.holding(make_call)(x, "w") for x in ("a", "b")]
+    first_a = calls[0]()
+    assert first_a.tag == "a0"  # the provider's result passes through
+    del first_a
+    calls[1]()
+    gc.collect()
+    assert made[0]() is not None and made[1]() is not None  # both sets' outputs are alive
+    calls[0]()
+    gc.collect()
+    assert made[0]() is None  # set a's previous output is released by set a's next call ...
+    assert made[1]() is not None and made[2]() is not None  # ... and only that one
+
+
+def test_holding_passes_make_call_errors_through() -> None:
+    def missing(*_args: object) -> object:
+        raise ModuleNotFoundError("quack")
+
+    with pytest.raises(ModuleNotFoundError, match="quack"):  # shown as FAILED, never dropped
+        rmsnorm_peers.holding(missing)(1, 2)
