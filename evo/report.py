@@ -9,6 +9,9 @@ and writes ``report.md`` with:
   ``heatmap.png``; without matplotlib, a text heatmap in the Markdown;
 * the best genome's per-case table (time, GB/s, fraction of the ceiling) from
   ``metrics["cases"]``;
+* the per-case champions (the fastest OK record of each case, what an export dispatches):
+  whether a seed or the search found each, at which evaluation, how many operator steps
+  from its seed, and how much faster it is than the fastest seed on that case;
 * the lineage of the best genome (seed -> ... -> best, operator and fitness per step).
 
 ``evo report ARCHIVE [-o DIR]`` calls it.
@@ -22,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["best_curve", "heatmap_grid", "write_report"]
+__all__ = ["best_curve", "case_champions", "heatmap_grid", "write_report"]
 
 
 def best_curve(records: Sequence[Any]) -> list[tuple[int, float | None]]:
@@ -34,6 +37,41 @@ def best_curve(records: Sequence[Any]) -> list[tuple[int, float | None]]:
         if f is not None and math.isfinite(f) and (best is None or f > best):
             best = f
         out.append((i, best))
+    return out
+
+
+def case_champions(records: Sequence[Any], steps: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """The fastest OK record of every timed case (as :func:`evo.export.best_per_case` picks
+    it, so what an export dispatches), and where it came from.
+
+    Args:
+        records: The archive's records (any order).
+        steps: Genome id -> operator steps from its seed (0 for a seed), where known.
+
+    Returns:
+        One dict per case key, in key order: ``case``, ``time_ms``, ``fraction`` (of the
+        ceiling, when the record has it), ``id``, ``operator``, ``evaluation`` (1-based
+        insertion order), ``seed`` (whether a seed operator made it), ``steps`` (or None),
+        ``seed_ms`` (the fastest seed's time on that case, or None) and ``speedup``
+        (``seed_ms / time_ms``, or None). Seeds are the records of the operators
+        ``"seed"`` and ``"warm_start"``.
+    """
+    from evo.engine import SEED_OPERATORS
+    from evo.export import best_per_case
+
+    def time_of(rec: Any, key: str) -> tuple[float, float | None]:
+        m = rec.evaluation.metrics["cases"][key]
+        return float(m["time_ms"]), m.get("fraction")
+
+    seeds = best_per_case([r for r in records if r.operator in SEED_OPERATORS])
+    out: list[dict[str, Any]] = []
+    for key, rec in best_per_case(records).items():
+        t, frac = time_of(rec, key)
+        seed_ms = time_of(seeds[key], key)[0] if key in seeds else None
+        out.append({"case": key, "time_ms": t, "fraction": frac, "id": rec.id, "operator": rec.operator,
+                    "evaluation": rec.seq + 1 if rec.seq >= 0 else None, "seed": rec.operator in SEED_OPERATORS,
+                    "steps": None if steps is None else steps.get(rec.id), "seed_ms": seed_ms,
+                    "speedup": seed_ms / t if seed_ms is not None else None})
     return out
 
 
@@ -200,6 +238,18 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
             except Exception:  # a broken lineage must not cost the whole report
                 path_ids = [best.id]
         lineage = [a.get(i) for i in path_ids]
+        champions = case_champions(records)
+        steps: dict[str, int] = {}
+        if champions:
+            try:
+                graph = a.lineage()
+                for c in champions:
+                    if c["id"] not in steps:
+                        steps[c["id"]] = len(graph.path_to(c["id"])) - 1
+            except Exception:  # a broken lineage must not cost the whole report
+                steps = {}
+            for c in champions:
+                c["steps"] = steps.get(c["id"])
         header = a.header if isinstance(getattr(a, "header", None), Mapping) else {}
         coverage = getattr(a, "coverage", None)
         qd = getattr(a, "qd_score", None)
@@ -252,6 +302,27 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
             md.append("")
         else:
             md += ["No per-case metrics (the run was not timed on a GPU).", ""]
+
+    md += ["## Per-case champions", ""]
+    if champions:
+        found = [c for c in champions if not c["seed"]]
+        by_op: dict[str, int] = {}
+        for c in found:
+            by_op[c["operator"]] = by_op.get(c["operator"], 0) + 1
+        ops = ", ".join(f"{k} {v}" for k, v in sorted(by_op.items()))
+        md += [f"The fastest OK record of each case (what an export dispatches): {len(found)} of "
+               f"{len(champions)} found by the search" + (f" ({ops})" if ops else "") + ", "
+               f"{len(champions) - len(found)} seeds. `seed / champion`: the fastest seed's time on "
+               "that case over the champion's.", "",
+               "| case | time (ms) | fraction | genome | operator | evaluation | steps from seed | "
+               "seed / champion |", "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
+        for c in champions:
+            md.append(f"| {c['case']} | {_g(c['time_ms'])} | {_g(c['fraction'], '.1%')} | `{c['id'][:12]}` | "
+                      f"{c['operator']} | {_g(c['evaluation'])} | {_g(c['steps'])} | "
+                      f"{_g(c['speedup'], '.3f')}{'x' if c['speedup'] is not None else ''} |")
+        md.append("")
+    else:
+        md += ["No per-case metrics (the run was not timed on a GPU).", ""]
 
     md += ["## Lineage of the best", ""]
     if lineage:

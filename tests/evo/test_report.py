@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evo.engine import Budget, Engine, EngineConfig
-from evo.report import best_curve, write_report
+from evo.report import best_curve, case_champions, write_report
 from evo.types import Evaluation, Genome, Record, Status
 from tests.evo.cpu_problem import ParamsExecutor, make_problem
 
@@ -63,6 +63,44 @@ def test_report_per_case_table(tmp_path: Path) -> None:
     a.close()
     text = write_report(tmp_path / "a", tmp_path / "rep").read_text()
     assert "| N=1000:float32 | 0.0123 | 2900.5 | 87.0% |" in text
+
+
+def test_report_per_case_champions_say_where_each_came_from(tmp_path: Path) -> None:
+    from archive import Archive
+
+    a = Archive(make_problem(), str(tmp_path / "a"))
+    seed = Genome("extern \"C\" __global__ void axpy() {}", {"UNROLL": 1, "VEC": 2, "THREADS": 128}, entry="axpy")
+    child = seed.with_params(UNROLL=2)
+    grandchild = child.with_params(VEC=4)
+
+    def rec(g: Genome, times: dict[str, float], op: str, parents: tuple[str, ...] = ()) -> Record:
+        cases = {k: {"time_ms": t, "fraction": 0.01 / t} for k, t in times.items()}
+        ev = Evaluation(Status.OK, fitness=0.5, metrics={"cases": cases}, resources={"registers": 32})
+        return Record(g, ev, parents=parents, operator=op)
+
+    a.add(rec(seed, {"N=1000:float32": 0.02, "N=4096:float32": 0.01}, "seed"))
+    a.add(rec(child, {"N=1000:float32": 0.03, "N=4096:float32": 0.03}, "param_mutation", (seed.id,)))
+    a.add(Record(Genome(seed.source + " ", {"UNROLL": 4, "VEC": 1, "THREADS": 64}, entry="axpy"),
+                 Evaluation.failure(Status.COMPILE_ERROR, "error"), operator="param_mutation"))
+    a.add(rec(grandchild, {"N=1000:float32": 0.005, "N=4096:float32": 0.02}, "param_crossover", (child.id,)))
+    a.close()
+    text = write_report(tmp_path / "a", tmp_path / "rep").read_text()
+    assert "## Per-case champions" in text
+    assert "1 of 2 found by the search (param_crossover 1), 1 seeds" in text
+    # N=1000: the grandchild, 4th evaluation, two steps from the seed, 4x the seed's time
+    assert f"| N=1000:float32 | 0.005 | 200.0% | `{grandchild.id[:12]}` | param_crossover | 4 | 2 | 4.000x |" in text
+    assert f"| N=4096:float32 | 0.01 | 100.0% | `{seed.id[:12]}` | seed | 1 | 0 | 1.000x |" in text
+
+
+def test_case_champions_without_seeds_or_lineage() -> None:
+    g = Genome("k", {"A": 1})
+    ev = Evaluation(Status.OK, fitness=1.0, metrics={"cases": {"c": {"time_ms": 2.0}}})
+    r = Record(g, ev, operator="llm_rewrite")
+    (c,) = case_champions([r])
+    assert c["case"] == "c" and c["time_ms"] == 2.0 and c["id"] == g.id and not c["seed"]
+    assert c["seed_ms"] is None and c["speedup"] is None and c["steps"] is None and c["fraction"] is None
+    assert c["evaluation"] is None  # never stored, so no insertion order
+    assert case_champions([]) == []
 
 
 def test_best_curve_is_monotone() -> None:
