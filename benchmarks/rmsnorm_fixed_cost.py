@@ -1,0 +1,259 @@
+"""Fixed and per-row cost of the RMSNorm genomes: time over several M, fit ``time = a + b * M``.
+
+A kernel that streams at the copy rate can still lose to a peer through what it costs per
+call whatever the size: launch and ramp-up, the last rows' latency, and (backward) the
+reduction of the per-CTA dw partials after the last CTA. Timing the same genome at several
+row counts M (N fixed) and fitting a line separates the two: the slope is the streaming
+cost (shown per 32,768 rows), the intercept the fixed cost per call.
+
+Variants of a genome's source isolate parts of the fixed cost. They are edits made here,
+for timing only; the engine never sees them:
+
+* ``full``: the genome as exported;
+* ``dtype-only``: only the timed dtype's path instantiated (the kernels carry all three in
+  one cubin); computes the same outputs, which the script checks bitwise against ``full``;
+* ``no-reduce`` (backward): every CTA returns after taking its ticket, so nobody sums the
+  partial rows (dw is wrong);
+* ``no-dw`` (backward): every CTA returns before publishing its partial row (dw is wrong).
+
+Every variant is timed like the fitness Timing stage (:func:`fitness.time_calls`: L2-cold
+rotated input sets, one output set per input set, CUDA-graph batches); ``--torch`` adds
+torch.compile of the reference under the same method (outputs held per set, as in
+``rmsnorm_peers.py``). Results: a table on stdout and ``--out`` (JSON).
+
+    python benchmarks/rmsnorm_fixed_cost.py --module runs/rmsnorm_h100.dispatch.py --n 256 \\
+        --variants full,dtype-only --torch
+    python benchmarks/rmsnorm_fixed_cost.py --backward --module runs/rmsnorm_bwd_h100.dispatch.py \\
+        --n 1024 --variants full,dtype-only,no-reduce,no-dw --torch
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import math
+import platform
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # rmsnorm_peers, for --torch
+
+ROWS_32K = 32768
+VARIANTS = ("full", "dtype-only", "no-reduce", "no-dw")
+BACKWARD_ONLY = ("no-reduce", "no-dw")
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+# if (dtype_code == 0) f<0, T>(args); else if (dtype_code == 1) f<1, T>(args); else f<2, T>(args);
+_DISPATCH = re.compile(
+    r"if \(dtype_code == 0\)\s*(?P<f>\w+)<0(?P<t>[^<>]*)>\((?P<a>[^;]*)\);\s*"
+    r"else if \(dtype_code == 1\)\s*(?P=f)<1(?P=t)>\((?P=a)\);\s*"
+    r"else\s*(?P=f)<2(?P=t)>\((?P=a)\);")
+_NO_REDUCE = ("    if (t < G - K) return;\n", "    return;\n")
+_NO_DW = ("    if (use_smem) {\n        __syncthreads();\n        for (int j = threadIdx.x; j < N; j += THREADS) "
+          "mine[j] = sdw[j];",)
+
+
+def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str:
+    """``source`` edited for ``variant`` (see the module docstring).
+
+    Raises:
+        ValueError: An unknown variant, a backward-only variant on the forward, or a source
+            that no longer has the code the edit looks for (the kernel changed: update the edit).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
+    if variant in BACKWARD_ONLY and not backward:
+        raise ValueError(f"variant {variant!r} is for the backward kernel (--backward)")
+    if variant == "full":
+        return source
+    if variant == "dtype-only":
+        code = DTYPE_CODES[dtype]
+        out, n = _DISPATCH.subn(lambda m: f"{m['f']}<{code}{m['t']}>({m['a']});", source)
+        if n == 0:
+            raise ValueError("dtype-only: no 'if (dtype_code == 0) f<0>(...); else if ... else f<2>(...);' "
+                             "dispatch found in the source")
+        return out
+    if variant == "no-reduce":
+        old, new = _NO_REDUCE
+        if old not in source:
+            raise ValueError("no-reduce: the reducers' 'if (t < G - K) return;' is not in the source")
+        return source.replace(old, new, 1)
+    (old,) = _NO_DW
+    if old not in source:
+        raise ValueError("no-dw: the publication of the partial row ('mine[j] = sdw[j]') is not in the source")
+    return source.replace(old, "    return;\n" + old, 1)
+
+
+def fit_line(ms: Sequence[int], times_us: Sequence[float]) -> tuple[float, float, float]:
+    """Least-squares ``time = a + b * M``: (a in us, b * 32768 in us, largest residual in us)."""
+    if len(ms) < 2 or len(set(ms)) < 2:
+        raise ValueError("fit_line needs at least two different row counts")
+    n = len(ms)
+    mx, my = sum(ms) / n, sum(times_us) / n
+    sxx = sum((m - mx) ** 2 for m in ms)
+    b = sum((m - mx) * (t - my) for m, t in zip(ms, times_us, strict=True)) / sxx
+    a = my - b * mx
+    worst = max(abs(t - (a + b * m)) for m, t in zip(ms, times_us, strict=True))
+    return a, b * ROWS_32K, worst
+
+
+def _load_module(path: str) -> Any:
+    spec = importlib.util.spec_from_file_location("evo_fixed_cost_dispatch", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: int,
+           seed: int) -> tuple[list[Callable[[], None]], list[dict[str, Any]]]:
+    """One launch per input set of ``source`` compiled with the genome's defines (same launch and scalars)."""
+    import cupy
+    import numpy as np
+    import torch
+
+    from fitness._dtypes import storage_dtype, to_storage
+
+    kern = cupy.RawModule(code=source, options=tuple(genome["defines"]) + ("--std=c++17",)).get_function(
+        genome["entry"])
+    launch = problem.launch(genome["params"], case, None)
+    if launch.shared_mem > 48 * 1024:
+        kern.max_dynamic_shared_size_bytes = launch.shared_mem
+    ctype = {"int32": np.int32, "float32": np.float32}
+    scalars = tuple(ctype[t](v) for t, v in problem.scalars(case))
+    specs = list(problem.signature(case))
+    rng = np.random.default_rng(seed)
+    shared_ws = {s.name: cupy.zeros(max(1, s.nbytes), dtype=cupy.uint8) for s in specs if s.role == "workspace"}
+    calls, bufsets = [], []
+    for _ in range(sets):
+        inputs = problem.make_inputs(case, rng, cupy)
+        bufs: dict[str, Any] = {}
+        for s in specs:
+            if s.role == "in":
+                bufs[s.name] = to_storage(inputs[s.name], s.dtype, cupy)
+            elif s.role == "workspace":
+                bufs[s.name] = shared_ws[s.name]  # zeros, returned zeros by the kernel (shared, as in an export)
+            else:
+                bufs[s.name] = cupy.zeros(s.numel, dtype=storage_dtype(s.dtype))
+        args = tuple(bufs[s.name] for s in specs) + scalars
+
+        def call(args: tuple[Any, ...] = args) -> None:
+            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):  # time_calls times torch's stream
+                kern(launch.grid, launch.block, args, shared_mem=launch.shared_mem)
+        calls.append(call)
+        bufsets.append(bufs)
+    return calls, bufsets
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="RMSNorm fixed vs per-row cost (H100/H200)")
+    ap.add_argument("--module", required=True, help="dispatch module exported by examples/rmsnorm_h100.py")
+    ap.add_argument("--backward", action="store_true", help="the module holds backward genomes")
+    ap.add_argument("--n", type=int, required=True, help="row length N (the module's genome for it is used)")
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_CODES))
+    ap.add_argument("--rows", default="16384,32768,65536,131072", help="comma list of M")
+    ap.add_argument("--variants", default="full,dtype-only", help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument("--torch", action="store_true", help="also time torch.compile of the reference")
+    ap.add_argument("--out", default=None, help="JSON results (default: print only)")
+    args = ap.parse_args(argv)
+    rows = [int(r) for r in args.rows.split(",") if r.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if len(set(rows)) < 2:
+        ap.error("--rows needs at least two different row counts")
+    for v in variants:
+        if v not in VARIANTS or (v in BACKWARD_ONLY and not args.backward):
+            ap.error(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}"
+                     + (" (no-reduce and no-dw need --backward)" if v in BACKWARD_ONLY else ""))
+
+    import cupy
+
+    from evo.types import Case
+    from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
+    from fitness import time_calls
+
+    if cupy.cuda.runtime.getDeviceCount() < 1:
+        print("rmsnorm_fixed_cost: no CUDA device", file=sys.stderr)
+        return 2
+    problem = make_backward_problem() if args.backward else make_forward_problem()
+    mod = _load_module(args.module)
+    l2 = cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
+    elem = {"float32": 4, "float16": 2, "bfloat16": 2}[args.dtype]
+    per_row = (3 if args.backward else 2) * args.n * elem  # bytes of one row's inputs and outputs
+    table: dict[str, dict[int, float]] = {}
+    genome = mod.select({"M": rows[0], "N": args.n}, args.dtype)
+    print(f"genome {genome['id'][:12]} (exported for {genome['case']}) {genome['params']}", flush=True)
+    for m in rows:
+        case = Case({"M": m, "N": args.n}, args.dtype)
+        sets = max(2, min(16, -(-3 * l2 // (m * per_row))))
+        full_out = None
+        for v in variants:
+            src = variant_source(genome["source"], v, args.dtype, args.backward)
+            calls, bufs = _calls(problem, src, genome, case, sets, seed=m)
+            calls[0]()
+            cupy.cuda.runtime.deviceSynchronize()
+            outs = {k: cupy.asnumpy(b).tobytes() for k, b in bufs[0].items()
+                    if any(s.name == k and s.role == "out" for s in problem.signature(case))}
+            if v == "full":
+                full_out = outs
+            elif v == "dtype-only" and full_out is not None and outs != full_out:
+                raise SystemExit(f"dtype-only computed different outputs from full at M={m}: the edit is wrong")
+            res = time_calls(calls)
+            table.setdefault(v, {})[m] = res.time_ms * 1000.0
+            print(f"M={m:7d} {v:10s} {res.time_ms * 1000:9.2f} us  spread {100 * res.spread:.1f}%", flush=True)
+        if args.torch:
+            table.setdefault("torch.compile", {})[m] = _time_torch(args, m) * 1000.0
+            print(f"M={m:7d} {'torch.compile':10s} {table['torch.compile'][m]:9.2f} us", flush=True)
+    lines = [f"# RMSNorm {'backward' if args.backward else 'forward'} fixed cost, N={args.n} {args.dtype} "
+             f"({datetime.date.today().isoformat()}, {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
+             f"{platform.node()})", "",
+             "| variant | " + " | ".join(f"M={m}" for m in rows) + " | us per 32K rows | fixed us | worst residual us |",
+             "|---" * (len(rows) + 4) + "|"]
+    fits: dict[str, tuple[float, float, float]] = {}
+    for v, by_m in table.items():
+        ms = [m for m in rows if m in by_m]
+        a, b, worst = fit_line(ms, [by_m[m] for m in ms])
+        fits[v] = (a, b, worst)
+        lines.append(f"| {v} | " + " | ".join(f"{by_m[m]:.2f}" for m in ms) + f" | {b:.2f} | {a:.2f} | {worst:.2f} |")
+    print("\n".join(lines))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"n": args.n, "dtype": args.dtype, "backward": args.backward,
+                                              "genome": genome["id"], "params": genome["params"], "times_us": table,
+                                              "fits": {k: {"fixed_us": a, "per_32k_rows_us": b, "worst_residual_us": w}
+                                                       for k, (a, b, w) in fits.items()}}, indent=1))
+    return 0
+
+
+def _time_torch(args: argparse.Namespace, m: int) -> float:
+    """torch.compile of the reference at (m, N), outputs held per input set; ms per call."""
+    import rmsnorm_peers
+    import torch
+
+    from fitness import time_calls
+
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    elem = torch.finfo(tdt).bits // 8
+    sets = max(2, min(16, -(-3 * l2 // ((3 if args.backward else 2) * m * args.n * elem))))
+    xs = [torch.randn(m, args.n, device="cuda", dtype=tdt) for _ in range(sets)]
+    w = torch.randn(args.n, device="cuda", dtype=torch.float32)
+    if args.backward:
+        make = rmsnorm_peers.holding(rmsnorm_peers.providers_backward(None)["torch.compile"])
+        dys = [torch.randn_like(x) for x in xs]
+        rs = [torch.rsqrt(x.float().pow(2).mean(dim=1) + rmsnorm_peers.EPS) for x in xs]
+        calls = [make(x, w, dy, r) for x, dy, r in zip(xs, dys, rs, strict=True)]
+    else:
+        make = rmsnorm_peers.holding(rmsnorm_peers.providers(None)["torch.compile"])
+        calls = [make(x, w) for x in xs]
+    ms = time_calls(calls).time_ms
+    return ms if math.isfinite(ms) else float("nan")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""The fixed-cost benchmark's source variants and line fit (no GPU needed; nvcc where installed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import rmsnorm_fixed_cost as fc  # noqa: E402
+
+from evo.types import Genome  # noqa: E402
+from examples.rmsnorm_problem import KERNEL_DIR, make_backward_problem, make_forward_problem  # noqa: E402
+
+FWD = (KERNEL_DIR / "rmsnorm_fwd.cu").read_text()
+BWD = (KERNEL_DIR / "rmsnorm_bwd.cu").read_text()
+
+
+@pytest.mark.parametrize("dtype,code", [("float32", 0), ("float16", 1), ("bfloat16", 2)])
+@pytest.mark.parametrize("source,blocks", [(FWD, 3), (BWD, 3)], ids=["forward", "backward"])
+def test_dtype_only_keeps_one_instantiation_per_dispatch(source: str, blocks: int, dtype: str, code: int) -> None:
+    out = fc.variant_source(source, "dtype-only", dtype, backward=source is BWD)
+    assert "dtype_code == 0" not in out and "dtype_code == 1" not in out
+    assert len(fc._DISPATCH.findall(source)) == blocks  # every dispatch of the entry point was rewritten
+    for other in {0, 1, 2} - {code}:
+        for name in ("rmsnorm_pipe", "rmsnorm_rowtile", "rmsnorm_rows", "persistent", "dw_columns", "dx_row"):
+            assert f"{name}<{other}" not in out.split("extern \"C\"")[-1]
+
+
+def test_backward_edits_apply_once_and_forward_refuses_them() -> None:
+    no_reduce = fc.variant_source(BWD, "no-reduce", "bfloat16", backward=True)
+    assert "if (t < G - K) return;" not in no_reduce and no_reduce.count("\n    return;\n") == \
+        BWD.count("\n    return;\n") + 1
+    no_dw = fc.variant_source(BWD, "no-dw", "bfloat16", backward=True)
+    assert no_dw.index("    return;\n    if (use_smem) {") < no_dw.index("mine[j] = sdw[j]")
+    assert fc.variant_source(BWD, "full", "float32", backward=True) is BWD
+    with pytest.raises(ValueError, match="backward"):
+        fc.variant_source(FWD, "no-reduce", "bfloat16", backward=False)
+    with pytest.raises(ValueError, match="unknown variant"):
+        fc.variant_source(FWD, "fast", "bfloat16", backward=False)
+    with pytest.raises(ValueError, match="no 'if \\(dtype_code"):
+        fc.variant_source("int x;", "dtype-only", "bfloat16", backward=False)
+    with pytest.raises(ValueError, match="no-reduce"):
+        fc.variant_source("int x;", "no-reduce", "bfloat16", backward=True)
+
+
+def _cubin_bytes(source: str, defines: list[str], tmp: Path, name: str) -> int:
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    src = tmp / f"{name}.cu"
+    src.write_text(source)
+    out = tmp / f"{name}.cubin"
+    res = subprocess.run([nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "--std=c++17", *defines,
+                          "-o", str(out), str(src)], capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out.stat().st_size
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_variants_compile_and_dtype_only_is_smaller(backward: bool, tmp_path: Path) -> None:
+    problem = make_backward_problem() if backward else make_forward_problem()
+    source = BWD if backward else FWD
+    seed = problem.seeds[-1]  # a persistent (ALGO 1) seed for the backward, the last forward seed
+    defines = Genome(seed.source, seed.params, entry=seed.entry).defines()
+    full = _cubin_bytes(source, defines, tmp_path, "full")
+    only = _cubin_bytes(fc.variant_source(source, "dtype-only", "bfloat16", backward), defines, tmp_path, "only")
+    assert only < full
+    if backward:
+        for v in ("no-reduce", "no-dw"):
+            _cubin_bytes(fc.variant_source(source, v, "bfloat16", True), defines, tmp_path, v)
+
+
+def test_fit_line_recovers_fixed_and_per_row_cost() -> None:
+    ms = [16384, 32768, 65536, 131072]
+    a, b, worst = fc.fit_line(ms, [5.0 + 3.0 * m / 32768 for m in ms])
+    assert a == pytest.approx(5.0) and b == pytest.approx(3.0) and worst == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="two different"):
+        fc.fit_line([32768, 32768], [1.0, 2.0])
+
+
+def test_bad_arguments_are_refused_before_any_gpu_work(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        fc.main(["--module", "x.py", "--n", "256", "--variants", "full,no-dw"])
+    assert e.value.code == 2 and "need --backward" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        fc.main(["--module", "x.py", "--n", "256", "--rows", "32768"])
+    assert "two different row counts" in capsys.readouterr().err
