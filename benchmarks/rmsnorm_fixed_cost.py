@@ -112,6 +112,9 @@ def _load_module(path: str) -> Any:
     return mod
 
 
+_KERNELS: dict[tuple[str, tuple[str, ...], str], Any] = {}
+
+
 def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: int,
            seed: int) -> tuple[list[Callable[[], None]], list[dict[str, Any]]]:
     """One launch per input set of ``source`` compiled with the genome's defines (same launch and scalars)."""
@@ -121,8 +124,10 @@ def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: i
 
     from fitness._dtypes import storage_dtype, to_storage
 
-    kern = cupy.RawModule(code=source, options=tuple(genome["defines"]) + ("--std=c++17",)).get_function(
-        genome["entry"])
+    key = (source, tuple(genome["defines"]), genome["entry"])
+    if key not in _KERNELS:  # one compile per variant, not per row count
+        _KERNELS[key] = cupy.RawModule(code=source, options=key[1] + ("--std=c++17",)).get_function(key[2])
+    kern = _KERNELS[key]
     launch = problem.launch(genome["params"], case, None)
     if launch.shared_mem > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = launch.shared_mem
