@@ -40,19 +40,19 @@ def best_curve(records: Sequence[Any]) -> list[tuple[int, float | None]]:
     return out
 
 
-def case_champions(records: Sequence[Any], steps: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
     """The fastest OK record of every timed case (as :func:`evo.export.best_per_case` picks
     it, so what an export dispatches), and where it came from.
 
     Args:
         records: The archive's records (any order).
-        steps: Genome id -> operator steps from its seed (0 for a seed), where known.
 
     Returns:
         One dict per case key, in key order: ``case``, ``time_ms``, ``fraction`` (of the
         ceiling, when the record has it), ``id``, ``operator``, ``evaluation`` (1-based
-        insertion order), ``seed`` (whether a seed operator made it), ``steps`` (or None),
-        ``seed_ms`` (the fastest seed's time on that case, or None) and ``speedup``
+        insertion order), ``seed`` (whether a seed operator made it), ``steps`` (None here;
+        :func:`write_report` fills in the operator steps from its seed), ``seed_ms`` (the
+        fastest seed's time on that case, or None) and ``speedup``
         (``seed_ms / time_ms``, or None). Seeds are the records of the operators
         ``"seed"`` and ``"warm_start"``.
     """
@@ -70,7 +70,7 @@ def case_champions(records: Sequence[Any], steps: Mapping[str, int] | None = Non
         seed_ms = time_of(seeds[key], key)[0] if key in seeds else None
         out.append({"case": key, "time_ms": t, "fraction": frac, "id": rec.id, "operator": rec.operator,
                     "evaluation": rec.seq + 1 if rec.seq >= 0 else None, "seed": rec.operator in SEED_OPERATORS,
-                    "steps": None if steps is None else steps.get(rec.id), "seed_ms": seed_ms,
+                    "steps": None, "seed_ms": seed_ms,
                     "speedup": seed_ms / t if seed_ms is not None else None})
     return out
 
@@ -239,17 +239,17 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
                 path_ids = [best.id]
         lineage = [a.get(i) for i in path_ids]
         champions = case_champions(records)
-        steps: dict[str, int] = {}
+        hops: dict[str, int] = {}  # champion id -> operator steps from its seed
         if champions:
             try:
                 graph = a.lineage()
                 for c in champions:
-                    if c["id"] not in steps:
-                        steps[c["id"]] = len(graph.path_to(c["id"])) - 1
+                    if c["id"] not in hops:
+                        hops[c["id"]] = len(graph.path_to(c["id"])) - 1
             except Exception:  # a broken lineage must not cost the whole report
-                steps = {}
+                hops = {}
             for c in champions:
-                c["steps"] = steps.get(c["id"])
+                c["steps"] = hops.get(c["id"])
         header = a.header if isinstance(getattr(a, "header", None), Mapping) else {}
         coverage = getattr(a, "coverage", None)
         qd = getattr(a, "qd_score", None)
@@ -312,7 +312,7 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
         ops = ", ".join(f"{k} {v}" for k, v in sorted(by_op.items()))
         md += [f"The fastest OK record of each case (what an export dispatches): {len(found)} of "
                f"{len(champions)} found by the search" + (f" ({ops})" if ops else "") + ", "
-               f"{len(champions) - len(found)} seeds. `seed / champion`: the fastest seed's time on "
+               f"{len(champions) - len(found)} by seeds. `seed / champion`: the fastest seed's time on "
                "that case over the champion's.", "",
                "| case | time (ms) | fraction | genome | operator | evaluation | steps from seed | "
                "seed / champion |", "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |"]

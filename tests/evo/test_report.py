@@ -86,7 +86,7 @@ def test_report_per_case_champions_say_where_each_came_from(tmp_path: Path) -> N
     a.close()
     text = write_report(tmp_path / "a", tmp_path / "rep").read_text()
     assert "## Per-case champions" in text
-    assert "1 of 2 found by the search (param_crossover 1), 1 seeds" in text
+    assert "1 of 2 found by the search (param_crossover 1), 1 by seeds" in text
     # N=1000: the grandchild, 4th evaluation, two steps from the seed, 4x the seed's time
     assert f"| N=1000:float32 | 0.005 | 200.0% | `{grandchild.id[:12]}` | param_crossover | 4 | 2 | 4.000x |" in text
     assert f"| N=4096:float32 | 0.01 | 100.0% | `{seed.id[:12]}` | seed | 1 | 0 | 1.000x |" in text
