@@ -215,9 +215,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.torch:
             table.setdefault("torch.compile", {})[m] = _time_torch(args, m) * 1000.0
             print(f"M={m:7d} {'torch.compile':10s} {table['torch.compile'][m]:9.2f} us", flush=True)
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
     lines = [f"# RMSNorm {'backward' if args.backward else 'forward'} fixed cost, N={args.n} {args.dtype} "
-             f"({datetime.date.today().isoformat()}, {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
-             f"{platform.node()})", "",
+             f"({datetime.date.today().isoformat()}, {name}, {platform.node()})", "",
              "| variant | " + " | ".join(f"M={m}" for m in rows) + " | us per 32K rows | fixed us | worst residual us |",
              "|---" * (len(rows) + 4) + "|"]
     fits: dict[str, tuple[float, float, float]] = {}
