@@ -314,29 +314,35 @@ __device__ __forceinline__ void take_row(const void* x, const void* dy, long lon
 #endif
 }
 
+// f(i, x_i, dy_i, w_i) for the E elements of chunk c held in registers (xv of x, gv of dy), its weights
+// read as float4s.
+template <int DT, typename F>
+__device__ __forceinline__ void each_element(uint4 xv, uint4 gv, const float* w, int c, F&& f) {
+    constexpr int E = Chunk<DT>::E;
+    float xf[E], gf[E];
+    unpack<DT>(xv, xf);
+    unpack<DT>(gv, gf);
+    const float4* wp = reinterpret_cast<const float4*>(w + c * E);
+#pragma unroll
+    for (int q = 0; q < E / 4; ++q) {
+        const float4 ww = __ldg(wp + q);
+        const float wv[4] = {ww.x, ww.y, ww.z, ww.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f(4 * q + e, xf[4 * q + e], gf[4 * q + e], wv[e]);
+    }
+}
+
 // This thread's part of sum_j w_j dy_j x_j over its chunks (c = first + k * stride < nch) held in registers.
 template <int DT>
 __device__ __forceinline__ float chunks_dot(const uint4 (&xr)[MAX_CHUNKS], const uint4 (&gr)[MAX_CHUNKS],
                                             const float* w, int nch, int first, int stride) {
-    constexpr int E = Chunk<DT>::E;
     float dot = 0.f;
 #pragma unroll
     for (int k = 0; k < MAX_CHUNKS; ++k) {
         const int c = first + k * stride;
-        if (c < nch) {
-            float xf[E], gf[E];
-            unpack<DT>(xr[k], xf);
-            unpack<DT>(gr[k], gf);
-            const float4* wp = reinterpret_cast<const float4*>(w + c * E);
-#pragma unroll
-            for (int q = 0; q < E / 4; ++q) {
-                const float4 ww = __ldg(wp + q);
-                dot = fmaf(xf[4 * q], gf[4 * q] * ww.x, dot);
-                dot = fmaf(xf[4 * q + 1], gf[4 * q + 1] * ww.y, dot);
-                dot = fmaf(xf[4 * q + 2], gf[4 * q + 2] * ww.z, dot);
-                dot = fmaf(xf[4 * q + 3], gf[4 * q + 3] * ww.w, dot);
-            }
-        }
+        if (c < nch) each_element<DT>(xr[k], gr[k], w, c, [&](int, float x, float g, float wv) {
+            dot = fmaf(x, g * wv, dot);
+        });
     }
     return dot;
 }
@@ -436,21 +442,11 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
         for (int k = 0; k < MAX_CHUNKS; ++k) {
             const int c = tg + GT * k;
             if (c < nch) {
-                float xf[E], gf[E], o[E];
-                unpack<DT>(xr[k], xf);
-                unpack<DT>(gr[k], gf);
-                const float4* wp = reinterpret_cast<const float4*>(w + c * E);
-#pragma unroll
-                for (int q = 0; q < E / 4; ++q) {
-                    const float4 ww = __ldg(wp + q);
-                    const float wv[4] = {ww.x, ww.y, ww.z, ww.w};
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int i = 4 * q + e;
-                        o[i] = r * gf[i] * wv[e] - xf[i] * coef;
-                        a[k][i] = fmaf(gf[i], xf[i] * r, a[k][i]);
-                    }
-                }
+                float o[E];
+                each_element<DT>(xr[k], gr[k], w, c, [&](int i, float xv, float g, float wv) {
+                    o[i] = r * g * wv - xv * coef;
+                    a[k][i] = fmaf(g, xv * r, a[k][i]);
+                });
                 st16<DT>(dx, base + static_cast<long long>(c) * E, o);
             }
         }
