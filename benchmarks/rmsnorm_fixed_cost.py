@@ -91,6 +91,11 @@ def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str
     return source.replace(old, "    return;\n" + old, 1)
 
 
+def input_sets(l2_bytes: int, set_bytes: int) -> int:
+    """Input sets to rotate so that one round exceeds 3x L2 (at least 2, at most 16)."""
+    return max(2, min(16, -(-3 * l2_bytes // set_bytes)))
+
+
 def fit_line(ms: Sequence[int], times_us: Sequence[float]) -> tuple[float, float, float]:
     """Least-squares ``time = a + b * M``: (a in us, b * 32768 in us, largest residual in us)."""
     if len(ms) < 2 or len(set(ms)) < 2:
@@ -194,17 +199,17 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[str, dict[int, float]] = {}
     genome = mod.select({"M": rows[0], "N": args.n}, args.dtype)
     print(f"genome {genome['id'][:12]} (exported for {genome['case']}) {genome['params']}", flush=True)
+    sources = {v: variant_source(genome["source"], v, args.dtype, args.backward) for v in variants}
     for m in rows:
         case = Case({"M": m, "N": args.n}, args.dtype)
-        sets = max(2, min(16, -(-3 * l2 // (m * per_row))))
+        sets = input_sets(l2, m * per_row)
+        out_names = [s.name for s in problem.signature(case) if s.role == "out"]
         full_out = None
         for v in variants:
-            src = variant_source(genome["source"], v, args.dtype, args.backward)
-            calls, bufs = _calls(problem, src, genome, case, sets, seed=m)
+            calls, bufs = _calls(problem, sources[v], genome, case, sets, seed=m)
             calls[0]()
             cupy.cuda.runtime.deviceSynchronize()
-            outs = {k: cupy.asnumpy(b).tobytes() for k, b in bufs[0].items()
-                    if any(s.name == k and s.role == "out" for s in problem.signature(case))}
+            outs = {k: cupy.asnumpy(bufs[0][k]).tobytes() for k in out_names}
             if v == "full":
                 full_out = outs
             elif v == "dtype-only" and full_out is not None and outs != full_out:
@@ -244,9 +249,9 @@ def _time_torch(args: argparse.Namespace, m: int) -> float:
     from fitness import time_calls
 
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
     elem = torch.finfo(tdt).bits // 8
-    sets = max(2, min(16, -(-3 * l2 // ((3 if args.backward else 2) * m * args.n * elem))))
+    sets = input_sets(torch.cuda.get_device_properties(0).L2_cache_size,
+                      (3 if args.backward else 2) * m * args.n * elem)
     xs = [torch.randn(m, args.n, device="cuda", dtype=tdt) for _ in range(sets)]
     w = torch.randn(args.n, device="cuda", dtype=torch.float32)
     if args.backward:

@@ -83,6 +83,13 @@ def test_fit_line_recovers_fixed_and_per_row_cost() -> None:
         fc.fit_line([32768, 32768], [1.0, 2.0])
 
 
+def test_input_sets_cover_three_l2_within_bounds() -> None:
+    l2 = 60 << 20
+    assert fc.input_sets(l2, 32 << 20) == 6  # 6 x 32 MiB >= 3 x 60 MiB
+    assert fc.input_sets(l2, 1 << 30) == 2  # at least two sets
+    assert fc.input_sets(l2, 1 << 20) == 16  # at most sixteen
+
+
 def test_bad_arguments_are_refused_before_any_gpu_work(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         fc.main(["--module", "x.py", "--n", "256", "--variants", "full,no-dw"])
