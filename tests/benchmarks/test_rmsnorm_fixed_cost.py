@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import rmsnorm_fixed_cost as fc  # noqa: E402
 
 from evo.types import Genome  # noqa: E402
 from examples.rmsnorm_problem import KERNEL_DIR, make_backward_problem, make_forward_problem  # noqa: E402
+from tests.examples.conftest import nvcc_compile  # noqa: E402
 
 FWD = (KERNEL_DIR / "rmsnorm_fwd.cu").read_text()
 BWD = (KERNEL_DIR / "rmsnorm_bwd.cu").read_text()
@@ -49,16 +48,10 @@ def test_backward_edits_apply_once_and_forward_refuses_them() -> None:
 
 
 def _cubin_bytes(source: str, defines: list[str], tmp: Path, name: str) -> int:
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    src = tmp / f"{name}.cu"
-    src.write_text(source)
-    out = tmp / f"{name}.cubin"
-    res = subprocess.run([nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "--std=c++17", *defines,
-                          "-o", str(out), str(src)], capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out.stat().st_size
+    d = tmp / name
+    d.mkdir()
+    nvcc_compile("kernel.cu", defines, d, source=source)
+    return (d / "kernel.cu.cubin").stat().st_size
 
 
 @pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])

@@ -30,14 +30,19 @@ def cuda_device() -> None:
         pytest.skip("no usable CUDA device")
 
 
-def nvcc_compile(kernel: str, defines: list[str], tmp: Path) -> str:
-    """Compile examples/kernels/<kernel> for sm_90a; return ptxas' -v output (raises on error)."""
+def nvcc_compile(kernel: str, defines: list[str], tmp: Path, source: str | None = None) -> str:
+    """Compile examples/kernels/<kernel> (or ``source``, written to ``tmp/<kernel>``) for sm_90a into
+    ``tmp/<kernel>.cubin``; return ptxas' -v output (raises on error)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found")
+    src = KERNEL_DIR / kernel
+    if source is not None:
+        src = tmp / kernel
+        src.write_text(source)
     out = tmp / (kernel + ".cubin")
     cmd = [nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xptxas", "-v", *defines,
-           "-o", str(out), str(KERNEL_DIR / kernel)]
+           "-o", str(out), str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     if res.returncode != 0:
         raise AssertionError(f"nvcc failed for {defines}:\n{res.stderr[-3000:]}")
