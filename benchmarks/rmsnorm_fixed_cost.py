@@ -25,6 +25,10 @@ torch.compile of the reference under the same method (outputs held per set, as i
         --variants full,dtype-only --torch
     python benchmarks/rmsnorm_fixed_cost.py --backward --module runs/rmsnorm_bwd_h100.dispatch.py \\
         --n 1024 --variants full,dtype-only,no-reduce,no-dw --torch
+    python benchmarks/rmsnorm_fixed_cost.py --n 256 --params '{"STAGE": 4, "TPR": 16, "THREADS": 256, ...}'
+
+``--params`` times a genome of the kernel family given by its knobs (the rest as in the
+first seed) instead of a dispatch module's choice, e.g. a seed, without running a search.
 """
 
 from __future__ import annotations
@@ -89,6 +93,32 @@ def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str
     if old not in source:
         raise ValueError("no-dw: the publication of the partial row ('mine[j] = sdw[j]') is not in the source")
     return source.replace(old, "    return;\n" + old, 1)
+
+
+def genome_from_params(problem: Any, text: str) -> dict[str, Any]:
+    """A genome of ``problem``'s kernel family (its first seed's source) with the JSON params ``text``,
+    in the form a dispatch module's ``select`` returns.
+
+    Raises:
+        SystemExit: ``text`` is not a JSON object, or the params break the Problem's rules (the
+            message lists which).
+    """
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"--params: not JSON ({e}); give an object such as '{{\"THREADS\": 256, ...}}'") from e
+    if not isinstance(given, dict):
+        raise SystemExit("--params: give a JSON object of knob names to values")
+    seed = problem.seeds[0]
+    unknown = sorted(set(given) - set(seed.params))
+    if unknown:
+        raise SystemExit(f"--params: unknown knobs {unknown}; the kernel's are {sorted(seed.params)}")
+    genome = seed.with_params(**given)
+    params = dict(genome.params)
+    if not problem.params.is_valid(params):
+        raise SystemExit(f"--params break the kernel family's rules: {problem.params.violations(params)}")
+    return {"id": genome.id, "case": "--params", "params": params, "source": genome.source,
+            "defines": genome.defines(), "entry": genome.entry}
 
 
 def input_sets(l2_bytes: int, set_bytes: int) -> int:
@@ -164,7 +194,10 @@ def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="RMSNorm fixed vs per-row cost (H100/H200)")
-    ap.add_argument("--module", required=True, help="dispatch module exported by examples/rmsnorm_h100.py")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py")
+    src.add_argument("--params", help="a genome of the kernel family as JSON params (e.g. a seed's), "
+                     "instead of a module's")
     ap.add_argument("--backward", action="store_true", help="the module holds backward genomes")
     ap.add_argument("--n", type=int, required=True, help="row length N (the module's genome for it is used)")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_CODES))
@@ -192,12 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         print("rmsnorm_fixed_cost: no CUDA device", file=sys.stderr)
         return 2
     problem = make_backward_problem() if args.backward else make_forward_problem()
-    mod = _load_module(args.module)
     l2 = cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
     elem = {"float32": 4, "float16": 2, "bfloat16": 2}[args.dtype]
     per_row = (3 if args.backward else 2) * args.n * elem  # bytes of one row's inputs and outputs
     table: dict[str, dict[int, float]] = {}
-    genome = mod.select({"M": rows[0], "N": args.n}, args.dtype)
+    genome = (_load_module(args.module).select({"M": rows[0], "N": args.n}, args.dtype) if args.module
+              else genome_from_params(problem, args.params))
     print(f"genome {genome['id'][:12]} (exported for {genome['case']}) {genome['params']}", flush=True)
     sources = {v: variant_source(genome["source"], v, args.dtype, args.backward) for v in variants}
     for m in rows:

@@ -90,3 +90,30 @@ def test_bad_arguments_are_refused_before_any_gpu_work(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         fc.main(["--module", "x.py", "--n", "256", "--rows", "32768"])
     assert "two different row counts" in capsys.readouterr().err
+
+
+def test_params_give_a_genome_of_the_family() -> None:
+    """--params: the first seed's source with the given knobs, in a dispatch module's form."""
+    prob = make_forward_problem()
+    seed = dict(prob.seeds[7].params)
+    g = fc.genome_from_params(prob, __import__("json").dumps({"STAGE": seed["STAGE"], "TPR": seed["TPR"],
+                                                               "THREADS": seed["THREADS"], "MAX_VECS": 2,
+                                                               "TILE_ROWS": 2, "OCCUPANCY": 4}))
+    assert g["source"] == prob.seeds[0].source and g["entry"] == prob.seeds[0].entry
+    assert g["params"]["STAGE"] == 4 and g["params"]["MAX_VECS"] == 2
+    assert f"-DSTAGE={seed['STAGE']}" in g["defines"]
+    assert g["id"] == prob.seeds[0].with_params(**g["params"]).id
+
+
+@pytest.mark.parametrize("text,match", [("{not json", "not JSON"), ("[1, 2]", "JSON object"),
+                                        ('{"THREADZ": 128}', "unknown knobs"),
+                                        ('{"TPR": 64, "THREADS": 32}', "rules")])
+def test_bad_params_are_clear_errors(text: str, match: str) -> None:
+    with pytest.raises(SystemExit, match=match):
+        fc.genome_from_params(make_forward_problem(), text)
+
+
+def test_module_and_params_are_exclusive(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        fc.main(["--n", "256", "--module", "m.py", "--params", "{}"])
+    assert "not allowed with" in capsys.readouterr().err
