@@ -334,7 +334,7 @@ def forward_param_space() -> ParamSpace:
             "THREADS": Choice([64, 128, 256, 512, 1024]),
             "TPR": Choice([4, 8, 16, 32, 64, 128, 256, 512, 1024]),
             "VEC_BYTES": Choice([4, 8, 16]),
-            "LOAD_HINT": Choice([0, 1, 2, 3]),
+            "LOAD_HINT": Choice([0, 1, 2, 3, 4]),
             "STORE_HINT": Choice([0, 1, 2]),
             "STAGE": Choice([0, 1, 2, 3, 4]),
             "MAX_VECS": Choice([1, 2, 4, 8, 16]),

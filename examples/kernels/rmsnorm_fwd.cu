@@ -9,7 +9,10 @@
 //   TPR          threads per row (power of two dividing THREADS); rows per CTA = THREADS / TPR
 //   VEC_BYTES    bytes per vector access: 4, 8 or 16 (elements per vector = VEC_BYTES / sizeof(T))
 //   LOAD_HINT    x loads: 0 default, 1 ld.global.nc.L1::no_allocate, 2 ld.global.cg,
-//                3 ld.global.L2::cache_hint with an L2 evict_first policy (createpolicy)
+//                3 ld.global.L2::cache_hint with an L2 evict_first policy (createpolicy),
+//                4 as 3, except that the first read of a row that is read twice from global
+//                memory (STAGE 2 and the fallbacks) carries an evict_last policy, so the row
+//                is still in L2 for its second read, which then lets it go (evict_first)
 //   STORE_HINT   y stores: 0 default, 1 st.global.cs, 2 st.global.cg
 //   STAGE        0 row chunk kept in registers (tile of MAX_VECS vectors per thread),
 //                1 row chunk staged in dynamic shared memory, 2 second pass re-reads global
@@ -158,13 +161,13 @@ struct __align__(VEC_BYTES) Vec {
 #define LD_OP "ld.global.nc.L1::no_allocate"
 #elif LOAD_HINT == 2
 #define LD_OP "ld.global.cg"
-#elif LOAD_HINT == 3
+#elif LOAD_HINT == 3 || LOAD_HINT == 4
 #define LD_OP "ld.global.L2::cache_hint"
 #else
-#error "LOAD_HINT must be 0..3"
+#error "LOAD_HINT must be 0..4"
 #endif
 
-#if LOAD_HINT == 3
+#if LOAD_HINT >= 3
 #define LD_POL(n) ", %" #n
 #else
 #define LD_POL(n) ""
@@ -382,11 +385,21 @@ __device__ __forceinline__ unsigned cta_rank() {
 #endif
 }
 
-// The L2 cache policy operand of the x loads (LOAD_HINT 3: evict_first; unused otherwise).
+// The L2 cache policy operand of the x loads (LOAD_HINT 3 and 4: evict_first; unused otherwise).
 __device__ __forceinline__ unsigned long long load_policy() {
     unsigned long long pol = 0;
-#if LOAD_HINT == 3
+#if LOAD_HINT >= 3
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+#endif
+    return pol;
+}
+
+// The policy of the first read of a row that is read again from global memory: LOAD_HINT 4
+// keeps it in L2 (evict_last) until the second read, which uses `pol` (evict_first) and so
+// releases it; otherwise both reads use `pol`.
+__device__ __forceinline__ unsigned long long keep_policy(unsigned long long pol) {
+#if LOAD_HINT == 4
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
 #endif
     return pol;
 }
@@ -407,6 +420,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
     const long long g = blockIdx.x / CLUSTER;
 
     const unsigned long long pol = load_policy();
+    const unsigned long long keep = keep_policy(pol);
     unsigned dyn;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
     const int smem_cap = static_cast<int>(dyn / (RPC * VEC_BYTES));  // vectors per row slot
@@ -460,7 +474,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
                     Vec b[MV];
 #pragma unroll
                     for (int kk = 0; kk < MV; ++kk)
-                        if (k0 + kk < nmine) ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, pol);
+                        if (k0 + kk < nmine) ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, in_smem ? pol : keep);
 #pragma unroll
                     for (int kk = 0; kk < MV; ++kk) {
                         if (k0 + kk < nmine) {
@@ -652,7 +666,7 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 // Asynchronous global -> shared copy of `bytes` (multiple of 16, 16-byte aligned ends).
 __device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar,
                                           unsigned long long pol) {
-#if LOAD_HINT == 3
+#if LOAD_HINT >= 3
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
         ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(pol)

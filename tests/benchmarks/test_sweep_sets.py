@@ -79,3 +79,13 @@ def test_comparison_reports_time_ratios_of_shared_variants() -> None:
 def test_compare_needs_two_files(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="is not a file"):
         rmsnorm_sweep.main(["--compare", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")])
+
+
+def test_policy_set_compares_the_hints_on_equal_terms() -> None:
+    """The policy set times each STAGE 2 variant at LOAD_HINT 0, 3 and 4, nothing else changed."""
+    variants = rmsnorm_sweep.policy_set(36)
+    assert len(variants) == 36 and all(p["STAGE"] == 2 for p in variants)
+    for i in range(0, len(variants), 3):
+        trio = variants[i:i + 3]
+        assert [p["LOAD_HINT"] for p in trio] == [0, 3, 4]
+        assert len({tuple(sorted((k, v) for k, v in p.items() if k != "LOAD_HINT")) for p in trio}) == 1

@@ -47,3 +47,16 @@ def nvcc_compile(kernel: str, defines: list[str], tmp: Path, source: str | None 
     if res.returncode != 0:
         raise AssertionError(f"nvcc failed for {defines}:\n{res.stderr[-3000:]}")
     return res.stderr
+
+
+def nvcc_ptx(kernel: str, defines: list[str], tmp: Path) -> str:
+    """The PTX nvcc generates for examples/kernels/<kernel> with ``defines`` (compute_90a)."""
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    out = tmp / (kernel + ".ptx")
+    cmd = [nvcc, "-ptx", "-arch=compute_90a", "-O3", *defines, "-o", str(out), str(KERNEL_DIR / kernel)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    if res.returncode != 0:
+        raise AssertionError(f"nvcc -ptx failed for {defines}:\n{res.stderr[-3000:]}")
+    return out.read_text()

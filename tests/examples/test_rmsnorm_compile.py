@@ -17,7 +17,7 @@ import pytest
 from evo.types import Genome
 from examples.rmsnorm_problem import forward_param_space, make_backward_problem, make_forward_problem
 
-from .conftest import nvcc_compile
+from .conftest import nvcc_compile, nvcc_ptx
 
 SPILL_BOUND = 0
 
@@ -49,6 +49,9 @@ def _corner_cases() -> list[dict]:
                     PIPE=3, TILE_ROWS=1, WSMEM=1, LOAD_HINT=3))
     out.append(dict(base, THREADS=256, TPR=256, MAX_VECS=4, VEC_BYTES=16, STAGE=3, CLUSTER=1, PERSISTENT=4,
                     PIPE=2, TILE_ROWS=2, WSMEM=1))
+    # STAGE 2 with the two-pass L2 policy (a second policy register), a 4-CTA cluster
+    out.append(dict(base, THREADS=512, TPR=512, MAX_VECS=2, VEC_BYTES=16, STAGE=2, CLUSTER=4, OCCUPANCY=2,
+                    LOAD_HINT=4, STORE_HINT=1))
     return out
 
 
@@ -72,6 +75,23 @@ def test_forward_variants_compile_without_spills(tmp_path: Path) -> None:
     bad = [(p, s) for p, s, _ in results if s > SPILL_BOUND]
     assert not bad, f"variants spill: {bad}"
     assert all("registers" in log for _, _, log in results)
+
+
+def test_two_pass_load_policy(tmp_path: Path) -> None:
+    """LOAD_HINT 4 reads a row that is read twice first with an L2 evict_last policy, then evict_first;
+    LOAD_HINT 3 uses evict_first for both reads (and never creates an evict_last policy)."""
+    base = dict(make_forward_problem().seeds[0].params, THREADS=512, TPR=512, STAGE=2, MAX_VECS=1,
+                OCCUPANCY=2, STORE_HINT=1)
+    ptx = {}
+    for hint in (3, 4):
+        d = tmp_path / str(hint)
+        d.mkdir()
+        ptx[hint] = nvcc_ptx("rmsnorm_fwd.cu", _defines(dict(base, LOAD_HINT=hint)), d)
+    assert "L2::evict_first" in ptx[3] and "L2::evict_last" not in ptx[3]
+    assert "L2::evict_first" in ptx[4] and "L2::evict_last" in ptx[4]
+    # both reads of a row carry a policy operand: ld.global.L2::cache_hint only, no plain ld.global.v4
+    assert re.search(r"ld\.global\.L2::cache_hint\.v4", ptx[4])
+    assert not re.search(r"ld\.global\.v4\.u32", ptx[4])
 
 
 def test_invalid_combination_fails_to_compile(tmp_path: Path) -> None:
