@@ -220,6 +220,20 @@ def load_module(args: argparse.Namespace) -> Any | None:
     return mod
 
 
+def skip_providers(provs: dict[str, Any], skip: str) -> tuple[dict[str, Any], list[str]]:
+    """``provs`` without the comma-separated names in ``skip``, and those names (for the table's header).
+
+    Raises:
+        SystemExit: A name that is no provider (a typo would otherwise time everything).
+    """
+    names = [t.strip() for t in skip.split(",") if t.strip()]
+    unknown = [n for n in names if n not in provs]
+    if unknown:
+        raise SystemExit(f"--skip: no provider named {', '.join(map(repr, unknown))}; "
+                         f"the providers are {', '.join(map(repr, provs))}")
+    return {k: v for k, v in provs.items() if k not in names}, names
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="RMSNorm forward peers benchmark (H100/H200)")
     ap.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py")
@@ -241,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     l2 = getattr(props, "L2_cache_size", 50 << 20)
     module = load_module(args)
     provs: dict[str, Any] = providers_backward(module) if args.backward else providers(module)
-    for name in filter(None, (t.strip() for t in args.skip.split(","))):
-        provs.pop(name, None)
+    provs, skipped = skip_providers(provs, args.skip)
     provs = {name: holding(make) for name, make in provs.items()}  # outputs rotate with the inputs
     all_shapes = SHAPES
     if args.backward:
@@ -268,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
              f"{platform.node()}; torch {torch.__version__}; python {platform.python_version()}.",
              f"Copy ceiling (D2D, same method): {copy_tbs:.3f} TB/s. Cells: ms / TB/s / % of copy "
              "(spread); median over CUDA-graph batches of L2-cold rotated calls (fitness.time_calls). "
-             + ("Bytes: 3*M*N*elem + 4*M + 8*N." if args.backward else "Bytes: 2*M*N*elem + 4*N."), ""]
+             + ("Bytes: 3*M*N*elem + 4*M + 8*N." if args.backward else "Bytes: 2*M*N*elem + 4*N.")
+             + (f" Not timed in this run (--skip): {', '.join(skipped)}." if skipped else ""), ""]
     names = list(provs)
     lines.append("| case | " + " | ".join(names) + " |")
     lines.append("|---" * (len(names) + 1) + "|")

@@ -50,3 +50,15 @@ def test_holding_passes_make_call_errors_through() -> None:
 
     with pytest.raises(ModuleNotFoundError, match="quack"):  # shown as FAILED, never dropped
         rmsnorm_peers.holding(missing)(1, 2)
+
+
+def test_skip_leaves_providers_out_and_names_them() -> None:
+    provs = {"evo (ours)": 1, "torch": 2, "quack": 3, "quack tuned": 4}
+    kept, skipped = rmsnorm_peers.skip_providers(provs, " quack tuned,torch ")
+    assert list(kept) == ["evo (ours)", "quack"] and skipped == ["quack tuned", "torch"]
+    assert rmsnorm_peers.skip_providers(provs, "") == (provs, [])
+
+
+def test_skip_with_an_unknown_name_is_a_clear_error() -> None:
+    with pytest.raises(SystemExit, match="no provider named 'quack-tuned'.*'quack tuned'"):
+        rmsnorm_peers.skip_providers({"quack tuned": 1}, "quack-tuned")
