@@ -12,7 +12,10 @@ and writes ``report.md`` with:
 * the per-case champions (the fastest OK record of each case, what an export dispatches):
   whether a seed or the search found each, at which evaluation, how many operator steps
   from its seed, and how much faster it is than the fastest seed on that case;
-* the lineage of the best genome (seed -> ... -> best, operator and fitness per step).
+* the lineage of the best genome (seed -> ... -> best, operator and fitness per step);
+* where the evaluation time went: wall seconds per scoring stage (compile, correctness,
+  timing, ...) over all records, total, median and 90th percentile per evaluation, and
+  by outcome, from each Evaluation's ``stage_times``.
 
 ``evo report ARCHIVE [-o DIR]`` calls it.
 """
@@ -25,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["best_curve", "case_champions", "heatmap_grid", "write_report"]
+__all__ = ["best_curve", "case_champions", "heatmap_grid", "stage_time_summary", "write_report"]
 
 
 def best_curve(records: Sequence[Any]) -> list[tuple[int, float | None]]:
@@ -73,6 +76,60 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
                     "steps": None, "seed_ms": seed_ms,
                     "speedup": seed_ms / t if seed_ms is not None else None})
     return out
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ascending ``sorted_values`` (linear interpolation between ranks)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
+    """Where the scoring time of ``records`` went, from each Evaluation's ``stage_times``.
+
+    Args:
+        records: The archive's records (any order; records without stage times, e.g.
+            imported ones, are counted in ``untimed`` and left out of the figures).
+
+    Returns:
+        ``{"evaluations": n timed, "untimed": n, "total_s": sum over all stages,
+        "per_evaluation": {"median_s", "p90_s"} of each record's sum over stages,
+        "stages": [...], "by_status": {status: {"evaluations", "total_s"}}}``; each stage
+        entry (in order of first appearance) holds ``stage``, ``evaluations`` (records that
+        ran it), ``total_s``, ``median_s``, ``p90_s`` (per record that ran it) and
+        ``share`` (of ``total_s``). Non-finite or negative times are ignored.
+    """
+    per_stage: dict[str, list[float]] = {}
+    per_record: list[float] = []
+    by_status: dict[str, dict[str, float]] = {}
+    untimed = 0
+    for r in records:
+        times = getattr(r.evaluation, "stage_times", None) or {}
+        clean = {str(k): float(v) for k, v in times.items()
+                 if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+        if not clean:
+            untimed += 1
+            continue
+        for k, v in clean.items():
+            per_stage.setdefault(k, []).append(v)
+        total = sum(clean.values())
+        per_record.append(total)
+        st = by_status.setdefault(r.evaluation.status.value, {"evaluations": 0, "total_s": 0.0})
+        st["evaluations"] += 1
+        st["total_s"] += total
+    grand = sum(per_record)
+    stages = []
+    for k, vals in per_stage.items():
+        vs = sorted(vals)
+        stages.append({"stage": k, "evaluations": len(vs), "total_s": sum(vs), "median_s": _quantile(vs, 0.5),
+                       "p90_s": _quantile(vs, 0.9), "share": sum(vs) / grand if grand > 0 else None})
+    pr = sorted(per_record)
+    return {"evaluations": len(pr), "untimed": untimed, "total_s": grand,
+            "per_evaluation": {"median_s": _quantile(pr, 0.5) if pr else None,
+                               "p90_s": _quantile(pr, 0.9) if pr else None},
+            "stages": stages, "by_status": by_status}
 
 
 def _axes(archive: Any, elites: Sequence[Any]) -> list[dict[str, Any]]:
@@ -239,6 +296,7 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
                 path_ids = [best.id]
         lineage = [a.get(i) for i in path_ids]
         champions = case_champions(records)
+        timing = stage_time_summary(records)
         hops: dict[str, int] = {}  # champion id -> operator steps from its seed
         if champions:
             try:
@@ -335,6 +393,27 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
         md.append("")
     else:
         md += ["-", ""]
+
+    md += ["## Where the evaluation time went", ""]
+    if timing["stages"]:
+        pe = timing["per_evaluation"]
+        md += [f"{timing['evaluations']} evaluations with stage times, {timing['total_s']:.1f} s in all; "
+               f"per evaluation median {pe['median_s']:.2f} s, 90th percentile {pe['p90_s']:.2f} s"
+               + (f" ({timing['untimed']} records without stage times left out)" if timing["untimed"] else "")
+               + ". Wall seconds per stage, as the evaluator measured them (stages of different "
+               "evaluations may overlap, e.g. compiling one while timing another).", "",
+               "| stage | evaluations | total (s) | share | median (s) | p90 (s) |",
+               "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for st in timing["stages"]:
+            md.append(f"| {st['stage']} | {st['evaluations']} | {st['total_s']:.2f} | {_g(st['share'], '.1%')} | "
+                      f"{st['median_s']:.3f} | {st['p90_s']:.3f} |")
+        md += ["", "| outcome | evaluations | total (s) |", "| --- | ---: | ---: |"]
+        for k in sorted(timing["by_status"]):
+            v = timing["by_status"][k]
+            md.append(f"| {k} | {v['evaluations']} | {v['total_s']:.2f} |")
+        md.append("")
+    else:
+        md += ["No stage times recorded.", ""]
 
     path = out / "report.md"
     path.write_text("\n".join(md) + "\n", encoding="utf-8")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evo.engine import Budget, Engine, EngineConfig
-from evo.report import best_curve, case_champions, write_report
+from evo.report import best_curve, case_champions, stage_time_summary, write_report
 from evo.types import Evaluation, Genome, Record, Status
 from tests.evo.cpu_problem import ParamsExecutor, make_problem
 
@@ -119,3 +119,58 @@ def test_report_on_a_non_archive_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "junk").write_text("not an archive")
     with pytest.raises(ArchiveError):
         write_report(tmp_path / "junk", tmp_path / "rep")
+
+
+def _timed(status: Status, **times: float) -> Record:
+    g = Genome("k", {"A": len(times), "T": sum(times.values())})
+    ev = (Evaluation(Status.OK, fitness=1.0, stage_times=times) if status is Status.OK
+          else Evaluation(status, stage_times=times))
+    return Record(g, ev, operator="param_mutation")
+
+
+def test_stage_time_summary_sums_and_quantiles() -> None:
+    recs = [_timed(Status.OK, compile=1.0, correctness=0.5, timing=2.0),
+            _timed(Status.OK, compile=3.0, correctness=0.5, timing=4.0),
+            _timed(Status.COMPILE_ERROR, compile=2.0),
+            Record(Genome("k", {"A": 9}), Evaluation(Status.OK, fitness=1.0), operator="import"),  # no times
+            _timed(Status.INCORRECT, compile=1.0, correctness=float("nan"), timing=-1.0)]  # bad values ignored
+    s = stage_time_summary(recs)
+    assert s["evaluations"] == 4 and s["untimed"] == 1
+    assert s["total_s"] == 3.5 + 7.5 + 2.0 + 1.0
+    assert [st["stage"] for st in s["stages"]] == ["compile", "correctness", "timing"]
+    comp, corr, timing = s["stages"]
+    assert comp["evaluations"] == 4 and comp["total_s"] == 7.0 and comp["median_s"] == 1.5
+    assert comp["p90_s"] == 2.0 + 0.7 * 1.0  # sorted 1, 1, 2, 3: rank 2.7
+    assert corr["evaluations"] == 2 and timing["total_s"] == 6.0
+    assert abs(sum(st["share"] for st in s["stages"]) - 1.0) < 1e-12
+    assert s["per_evaluation"]["median_s"] == (2.0 + 3.5) / 2  # per-record sums 1, 2, 3.5, 7.5
+    assert s["by_status"] == {"ok": {"evaluations": 2, "total_s": 11.0},
+                              "compile_error": {"evaluations": 1, "total_s": 2.0},
+                              "incorrect": {"evaluations": 1, "total_s": 1.0}}
+    empty = stage_time_summary([])
+    assert empty["stages"] == [] and empty["per_evaluation"]["median_s"] is None
+
+
+def test_report_says_where_the_time_went(tmp_path: Path) -> None:
+    from archive import Archive
+
+    a = Archive(make_problem(), str(tmp_path / "a"))
+    g = Genome("extern \"C\" __global__ void axpy() {}", {"UNROLL": 1, "VEC": 2, "THREADS": 128}, entry="axpy")
+    a.add(Record(g, Evaluation(Status.OK, fitness=0.5, metrics={"cases": {"N=1000:float32": {"time_ms": 0.01}}},
+                               resources={"registers": 32}, stage_times={"compile": 1.25, "timing": 0.75}),
+                 operator="seed"))
+    a.add(Record(g.with_params(UNROLL=2), Evaluation(Status.COMPILE_ERROR, stage_times={"compile": 2.0}),
+                 operator="param_mutation"))
+    a.close()
+    text = write_report(tmp_path / "a", tmp_path / "rep").read_text()
+    assert "## Where the evaluation time went" in text
+    assert "2 evaluations with stage times, 4.0 s in all" in text
+    assert "| compile | 2 | 3.25 | 81.2% | 1.625 | 1.925 |" in text
+    assert "| timing | 1 | 0.75 | 18.8% | 0.750 | 0.750 |" in text
+    assert "| compile_error | 1 | 2.00 |" in text and "| ok | 1 | 2.00 |" in text
+
+
+def test_report_without_stage_times(run_archive: Path, tmp_path: Path) -> None:
+    """The CPU test executor records no stage times: the section says so instead of a table."""
+    text = write_report(run_archive, tmp_path / "rep").read_text()
+    assert "## Where the evaluation time went\n\nNo stage times recorded." in text
