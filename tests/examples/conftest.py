@@ -30,9 +30,9 @@ def cuda_device() -> None:
         pytest.skip("no usable CUDA device")
 
 
-def nvcc_compile(kernel: str, defines: list[str], tmp: Path, source: str | None = None) -> str:
-    """Compile examples/kernels/<kernel> (or ``source``, written to ``tmp/<kernel>``) for sm_90a into
-    ``tmp/<kernel>.cubin``; return ptxas' -v output (raises on error)."""
+def _nvcc(kernel: str, mode: list[str], defines: list[str], out: Path, tmp: Path, source: str | None = None) -> str:
+    """Run nvcc with ``mode`` and ``defines`` on examples/kernels/<kernel> (or ``source``, written to
+    ``tmp/<kernel>``) writing ``out``; return its stderr (raises on error, skips where nvcc is missing)."""
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not found")
@@ -40,23 +40,22 @@ def nvcc_compile(kernel: str, defines: list[str], tmp: Path, source: str | None 
     if source is not None:
         src = tmp / kernel
         src.write_text(source)
-    out = tmp / (kernel + ".cubin")
-    cmd = [nvcc, "-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xptxas", "-v", *defines,
-           "-o", str(out), str(src)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    res = subprocess.run([nvcc, *mode, *defines, "-o", str(out), str(src)], capture_output=True, text=True,
+                         timeout=240)
     if res.returncode != 0:
-        raise AssertionError(f"nvcc failed for {defines}:\n{res.stderr[-3000:]}")
+        raise AssertionError(f"nvcc {mode[0]} failed for {defines}:\n{res.stderr[-3000:]}")
     return res.stderr
+
+
+def nvcc_compile(kernel: str, defines: list[str], tmp: Path, source: str | None = None) -> str:
+    """Compile examples/kernels/<kernel> (or ``source``, written to ``tmp/<kernel>``) for sm_90a into
+    ``tmp/<kernel>.cubin``; return ptxas' -v output (raises on error)."""
+    return _nvcc(kernel, ["-cubin", "-gencode=arch=compute_90a,code=sm_90a", "-O3", "-Xptxas", "-v"], defines,
+                 tmp / (kernel + ".cubin"), tmp, source)
 
 
 def nvcc_ptx(kernel: str, defines: list[str], tmp: Path) -> str:
     """The PTX nvcc generates for examples/kernels/<kernel> with ``defines`` (compute_90a)."""
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc not found")
     out = tmp / (kernel + ".ptx")
-    cmd = [nvcc, "-ptx", "-arch=compute_90a", "-O3", *defines, "-o", str(out), str(KERNEL_DIR / kernel)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    if res.returncode != 0:
-        raise AssertionError(f"nvcc -ptx failed for {defines}:\n{res.stderr[-3000:]}")
+    _nvcc(kernel, ["-ptx", "-arch=compute_90a", "-O3"], defines, out, tmp)
     return out.read_text()
