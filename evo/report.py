@@ -78,14 +78,6 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of ascending ``sorted_values`` (linear interpolation between ranks)."""
-    pos = q * (len(sorted_values) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
 def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
     """Where the scoring time of ``records`` went, from each Evaluation's ``stage_times``.
 
@@ -119,17 +111,18 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
         st = by_status.setdefault(r.evaluation.status.value, {"evaluations": 0, "total_s": 0.0})
         st["evaluations"] += 1
         st["total_s"] += total
+    import numpy as np
+
     grand = sum(per_record)
     stages = []
     for k, vals in per_stage.items():
-        vs = sorted(vals)
-        stages.append({"stage": k, "evaluations": len(vs), "total_s": sum(vs), "median_s": _quantile(vs, 0.5),
-                       "p90_s": _quantile(vs, 0.9), "share": sum(vs) / grand if grand > 0 else None})
-    pr = sorted(per_record)
-    return {"evaluations": len(pr), "untimed": untimed, "total_s": grand,
-            "per_evaluation": {"median_s": _quantile(pr, 0.5) if pr else None,
-                               "p90_s": _quantile(pr, 0.9) if pr else None},
-            "stages": stages, "by_status": by_status}
+        total = sum(vals)
+        med, p90 = (float(q) for q in np.percentile(vals, [50, 90]))
+        stages.append({"stage": k, "evaluations": len(vals), "total_s": total, "median_s": med, "p90_s": p90,
+                       "share": total / grand if grand > 0 else None})
+    med, p90 = (float(q) for q in np.percentile(per_record, [50, 90])) if per_record else (None, None)
+    return {"evaluations": len(per_record), "untimed": untimed, "total_s": grand,
+            "per_evaluation": {"median_s": med, "p90_s": p90}, "stages": stages, "by_status": by_status}
 
 
 def _axes(archive: Any, elites: Sequence[Any]) -> list[dict[str, Any]]:
