@@ -16,8 +16,9 @@ next call (:func:`holding`). Without that, the caching allocator hands every cal
 the previous call just freed, a block still in L2, and short rows gain up to 14% from
 writes that never reach DRAM (measured on the H200: torch.compile at 32768x256 bf16 0.0086
 ms with reuse, 0.0098 ms held; ours 0.0092 ms into one buffer, 0.0104 ms into one per set).
-TB/s uses 2*M*N*elem + 4*N bytes; "% copy" is against a device-to-device copy (timed call by call) in the same run. A provider that fails on a
-case is shown as FAILED with the error class (the message goes to stderr). The Markdown
+TB/s uses 2*M*N*elem + 4*N bytes; "% copy" is against a device-to-device copy (timed call
+by call) in the same run. A provider that fails on a case is shown as FAILED with the
+error class (the message goes to stderr). The Markdown
 table goes to ``--out`` (default ``benchmarks/results/rmsnorm_peers.md``), row by row;
 RESULTS.md quotes it.
 
