@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import math
 import platform
@@ -47,7 +46,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))  # rmsnorm_peers, for --torch
+sys.path.insert(0, str(ROOT / "benchmarks"))  # rmsnorm_peers: the dispatch import, and --torch
+
+import rmsnorm_peers  # noqa: E402
 
 ROWS_32K = 32768
 VARIANTS = ("full", "dtype-only", "no-reduce", "no-dw")
@@ -139,14 +140,6 @@ def fit_line(ms: Sequence[int], times_us: Sequence[float]) -> tuple[float, float
     return a, b * ROWS_32K, worst
 
 
-def _load_module(path: str) -> Any:
-    spec = importlib.util.spec_from_file_location("evo_fixed_cost_dispatch", path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 _KERNELS: dict[tuple[str, tuple[str, ...], str], Any] = {}
 
 
@@ -225,11 +218,12 @@ def main(argv: list[str] | None = None) -> int:
         print("rmsnorm_fixed_cost: no CUDA device", file=sys.stderr)
         return 2
     problem = make_backward_problem() if args.backward else make_forward_problem()
-    l2 = cupy.cuda.runtime.getDeviceProperties(0)["l2CacheSize"]
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    l2 = props["l2CacheSize"]
     elem = {"float32": 4, "float16": 2, "bfloat16": 2}[args.dtype]
     per_row = (3 if args.backward else 2) * args.n * elem  # bytes of one row's inputs and outputs
     table: dict[str, dict[int, float]] = {}
-    genome = (_load_module(args.module).select({"M": rows[0], "N": args.n}, args.dtype) if args.module
+    genome = (rmsnorm_peers.import_dispatch(args.module).select({"M": rows[0], "N": args.n}, args.dtype) if args.module
               else genome_from_params(problem, args.params))
     print(f"genome {genome['id'][:12]} (exported for {genome['case']}) {genome['params']}", flush=True)
     sources = {v: variant_source(genome["source"], v, args.dtype, args.backward) for v in variants}
@@ -253,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.torch:
             table.setdefault("torch.compile", {})[m] = _time_torch(args, m) * 1000.0
             print(f"M={m:7d} {'torch.compile':10s} {table['torch.compile'][m]:9.2f} us", flush=True)
-    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    name = props["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
     lines = [f"# RMSNorm {'backward' if args.backward else 'forward'} fixed cost, N={args.n} {args.dtype} "
              f"({datetime.date.today().isoformat()}, {name}, {platform.node()})", "",
@@ -276,7 +270,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _time_torch(args: argparse.Namespace, m: int) -> float:
     """torch.compile of the reference at (m, N), outputs held per input set; ms per call."""
-    import rmsnorm_peers
     import torch
 
     from fitness import time_calls

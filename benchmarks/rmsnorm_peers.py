@@ -214,6 +214,11 @@ def load_module(args: argparse.Namespace) -> Any | None:
             arch.close()
     if path is None:
         return None
+    return import_dispatch(path)
+
+
+def import_dispatch(path: str | Path) -> Any:
+    """The dispatch module at ``path`` (written by :func:`evo.export.export_module`), imported."""
     spec = importlib.util.spec_from_file_location("evo_rmsnorm_dispatch", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod

@@ -62,3 +62,10 @@ def test_skip_leaves_providers_out_and_names_them() -> None:
 def test_skip_with_an_unknown_name_is_a_clear_error() -> None:
     with pytest.raises(SystemExit, match="no provider named 'quack-tuned'.*'quack tuned'"):
         rmsnorm_peers.skip_providers({"quack tuned": 1}, "quack-tuned")
+
+
+def test_import_dispatch_loads_the_module_at_a_path(tmp_path: Path) -> None:
+    mod_path = tmp_path / "some.dispatch.py"
+    mod_path.write_text("GENOMES = [{'case': 'M=1,N=8:float32'}]\n\ndef select(shape, dtype):\n    return GENOMES[0]\n")
+    mod = rmsnorm_peers.import_dispatch(mod_path)
+    assert mod.select({"M": 1, "N": 8}, "float32") == {"case": "M=1,N=8:float32"}
