@@ -22,7 +22,8 @@
 //     K = min(REDUCERS, G, max(1, G / (2 * CTAS_PER_SM))) tickets wait until all G partials are in,
 //     each sums its 1/K of the columns over the G partials in a fixed order (dw is bitwise
 //     reproducible): CTA order, or, with fewer columns than threads, THREADS / L groups of threads
-//     (L column lanes) each summing every (THREADS / L)-th partial, added in group order; clears them, and the last of them resets the ticket. At most K CTAs ever wait,
+//     (L column lanes) each summing every (THREADS / L)-th partial, added in group order; clears
+//     them, and the last of them resets the ticket. At most K CTAs ever wait,
 //     at most half the SMs (G <= CTAS_PER_SM per SM) while at least one CTA fits on each, so the
 //     CTAs they wait for always get an SM, on any GPU.
 //   N not a multiple of the 16-byte chunk, or unaligned pointers: the same with element accesses.
