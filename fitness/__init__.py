@@ -1,7 +1,8 @@
 """Scoring candidates: stages, the evaluator and isolated GPU workers.
 
 API index:
-    Stage, StageResult, StageContext, Job, CudaFault   the stage contract (``_stage``)
+    Stage, StageResult, StageContext, Job, CudaFault,  the stage contract (``_stage``)
+        INCUMBENTS
     StaticCheck, static_violations, check_genome       device-code-only policy gate (``_static``)
     Compile, compile_genome, compile_source,           nvcc / NVRTC / ptxas in limited subprocesses
         CompileResult, run_limited, toolkit_version,   (``_compile``)
@@ -35,13 +36,13 @@ from fitness._compile import (
 from fitness._evaluator import Evaluator, EvaluatorConfigError, HostScore, check_reference, default_stages
 from fitness._inputs import random_normal, seed_from
 from fitness._resources import Resources, parse_ptxas_report, ptxas_entries
-from fitness._stage import CudaFault, Job, Stage, StageContext, StageResult
+from fitness._stage import INCUMBENTS, CudaFault, Job, Stage, StageContext, StageResult
 from fitness._static import StaticCheck, check_genome, static_violations
 from fitness._torch_timing import CallTiming, time_calls
 from fitness._worker import WorkerOutcome, WorkerProcess, is_cuda_fault, set_parent_death_signal, visible_devices
 
 __all__ = [
-    "CudaFault", "Job", "Stage", "StageContext", "StageResult", "set_parent_death_signal",
+    "INCUMBENTS", "CudaFault", "Job", "Stage", "StageContext", "StageResult", "set_parent_death_signal",
     "StaticCheck", "check_genome", "static_violations",
     "Compile", "CompileResult", "ProcResult", "compile_genome", "compile_source", "run_limited", "toolkit_version",
     "truncate_log",

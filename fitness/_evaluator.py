@@ -37,7 +37,7 @@ import numpy as np
 from evo.types import DeviceInfo, Evaluation, Genome, Problem, ProblemError, Status
 from fitness._compile import DEFAULT_COMPILE_TIMEOUT, Compile
 from fitness._resources import Resources
-from fitness._stage import Job, Stage, StageContext, StageResult
+from fitness._stage import Job, Stage, StageContext, StageResult, incumbents_data
 from fitness._static import StaticCheck
 from fitness._worker import WorkerOutcome, WorkerProcess, visible_devices
 
@@ -291,14 +291,25 @@ class Evaluator:
 
     # -- submission ---------------------------------------------------------------------
 
-    def submit(self, genome: Genome) -> concurrent.futures.Future[Evaluation]:
+    def submit(self, genome: Genome, *, incumbents: Mapping[str, float] | None = None,
+               ) -> concurrent.futures.Future[Evaluation]:
         """Start scoring ``genome``; the future never raises for a candidate's fault.
+
+        Args:
+            genome: The candidate.
+            incumbents: The best time in ms known for each timed case key (e.g.
+                ``"M=32768,N=256:bfloat16"``); the Timing stage stops timing a case whose
+                first batches are far slower (racing, ``Timing(race_margin=...)``). The
+                engine passes its per-case champions; ``None``: time every batch.
 
         Raises:
             RuntimeError: The evaluator is closed.
+            TypeError: ``genome`` is not a Genome, or ``incumbents`` not a mapping of case
+                keys to positive times.
         """
         if not isinstance(genome, Genome):
             raise TypeError(f"submit() needs a Genome, got {type(genome).__name__}")
+        data = incumbents_data(incumbents)
         fut: concurrent.futures.Future[Evaluation] = concurrent.futures.Future()
         fut.set_running_or_notify_cancel()
         with self._lock:
@@ -307,7 +318,7 @@ class Evaluator:
             self._next_id += 1
             jid = self._next_id
             seed = self._seed_rng.getrandbits(63) if self._seed_rng is not None else secrets.randbits(63)
-            st = _Pending(genome=genome, future=fut, job=Job(genome, self.problem, {}), seed=seed, job_id=jid)
+            st = _Pending(genome=genome, future=fut, job=Job(genome, self.problem, data), seed=seed, job_id=jid)
             self._states[jid] = st
         self._advance(st)
         return fut

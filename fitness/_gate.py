@@ -60,8 +60,8 @@ from fitness._device import (
 )
 from fitness._dtypes import checksum, from_storage, is_float, poison, to_storage, upcast
 from fitness._fused import FUSED_DTYPES, fused_for
-from fitness._plan import batch_count, batch_size, batch_time
-from fitness._stage import Job, Stage, StageContext, StageResult
+from fitness._plan import batch_count, batch_size, batch_time, raced_out
+from fitness._stage import INCUMBENTS, Job, Stage, StageContext, StageResult
 
 __all__ = [
     "Comparison",
@@ -627,6 +627,14 @@ class Timing(Stage):
         device_warmup_ms: A steady copy load on the device before the first timed case
             of each evaluation (0: none), so that case does not start from an idle
             card's clocks (the GPU may have waited on a compile).
+        race_margin: Racing. Where the job carries the case's incumbent (``Job.data
+            [INCUMBENTS]``, handed over by ``Evaluator.submit(..., incumbents=)``; the
+            engine does), a case whose first ``race_batches`` timed batches have a median
+            slower than ``race_margin`` x the incumbent stops there: it cannot take the
+            case, so its time is that median (``"raced": True`` in the case's metrics).
+            Everything else (new inputs after warm-up, every output verified, the
+            relaunch check) is the same. ``None``: time every batch.
+        race_batches: Timed batches before the race decision (>= 1).
 
     Each can also come from ``ctx.options`` under the same name, which wins over the
     constructor (so an Evaluator can set them for all stages).
@@ -638,11 +646,17 @@ class Timing(Stage):
 
     def __init__(self, *, timing_batches: int | None = None, min_batch_ms: float = 2.0, warmup_ms: float = 10.0,
                  timing_target_ms: float = 50.0, max_sets: int = 64, max_fraction: float = 1.1,
-                 device_warmup_ms: float = 25.0) -> None:
+                 device_warmup_ms: float = 25.0, race_margin: float | None = 1.15, race_batches: int = 3) -> None:
+        if race_margin is not None and not (math.isfinite(race_margin) and race_margin > 1.0):
+            raise ValueError(f"Timing(race_margin={race_margin!r}): give a factor above 1 (e.g. 1.15), or None "
+                             "to time every batch")
+        if int(race_batches) < 1:
+            raise ValueError(f"Timing(race_batches={race_batches!r}): give at least 1")
         self.defaults: dict[str, Any] = {"timing_batches": timing_batches, "min_batch_ms": min_batch_ms,
                                          "warmup_ms": warmup_ms, "timing_target_ms": timing_target_ms,
                                          "max_sets": max_sets, "max_fraction": max_fraction,
-                                         "device_warmup_ms": device_warmup_ms}
+                                         "device_warmup_ms": device_warmup_ms, "race_margin": race_margin,
+                                         "race_batches": int(race_batches)}
 
     def __repr__(self) -> str:
         return f"Timing({', '.join(f'{k}={v!r}' for k, v in self.defaults.items())})"
@@ -661,14 +675,17 @@ class Timing(Stage):
             return StageResult.fail(Status.RUNTIME_ERROR, str(exc))
         opts = dict(getattr(self, "defaults", {}))
         opts.update({k: v for k, v in (ctx.options or {}).items() if k in opts and v is not None})
+        incumbents = job.data.get(INCUMBENTS) or {}
         canary = make_canary(derive_seed(ctx.seed, "time-canary"), GUARD_BYTES, xp)
         per_case: dict[str, dict[str, Any]] = {}
         busy_ms = backend.hold_busy(float(opts.get("device_warmup_ms") or 0.0))
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
             launch = _launch_for(problem, job, case, device)
+            inc = incumbents.get(case.key) if isinstance(incumbents, Mapping) else None
             try:
-                res = self._time_case(backend, problem, job, case, ci, kernel, launch, specs, canary, device, ctx, opts)
+                res = self._time_case(backend, problem, job, case, ci, kernel, launch, specs, canary, device, ctx, opts,
+                                      inc)
             except LaunchConfigError as exc:
                 return StageResult.fail(Status.RUNTIME_ERROR, f"case {case.key}: {exc}")
             if isinstance(res, StageResult):
@@ -676,6 +693,7 @@ class Timing(Stage):
             per_case[case.key] = res
             backend.release()
         metrics: dict[str, Any] = {"cases": per_case, "device_warmup_ms": busy_ms,
+                                   "raced_cases": sum(1 for c in per_case.values() if c.get("raced")),
                                    "time_ms_geomean": geomean([c["time_ms"] for c in per_case.values()])}
         fractions = [c.get("fraction") for c in per_case.values()]
         if fractions and all(f is not None for f in fractions):
@@ -685,7 +703,7 @@ class Timing(Stage):
 
     def _time_case(self, backend: Backend, problem: Problem, job: Job, case: Case, ci: int, kernel: KernelHandle,
                    launch: Launch, specs: Sequence[ArgSpec], canary: Any, device: DeviceInfo, ctx: StageContext,
-                   opts: Mapping[str, Any]) -> dict[str, Any] | StageResult:
+                   opts: Mapping[str, Any], incumbent: float | None = None) -> dict[str, Any] | StageResult:
         xp = backend.xp
         phases = _Phases()
         scalars = _scalars(problem, case)
@@ -734,8 +752,18 @@ class Timing(Stage):
             r = max(10, int(opts["timing_batches"]))
         else:
             r = batch_count(float(opts.get("timing_target_ms", 50.0)), b * per_launch)
+        margin = opts.get("race_margin")
+        first = max(1, int(opts.get("race_batches", 3)))
+        raced = False
         with phases("timed"):
-            runs = [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(r)]
+            if incumbent is not None and margin is not None and r > first:
+                runs = [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(first)]
+                raced = raced_out([ms / b for ms, _ in runs], float(incumbent), float(margin))
+                if not raced:
+                    runs += [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(r - first)]
+            else:
+                runs = [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(r)]
+        r = len(runs)
         times = [ms / b for ms, _ in runs]
         escaped = sum(e for _, e in runs)
         med, spread = timing_summary(times)
@@ -769,7 +797,10 @@ class Timing(Stage):
                            "changed it (races, uninitialised memory or order-dependent atomics)")
                     return StageResult.fail(Status.INCORRECT, msg, mismatch=msg)
         out: dict[str, Any] = {"time_ms": med, "spread": spread, "sets": k, "launches_per_batch": b, "batches": r,
-                               "escaped_batches": escaped, "graph": batch is not None, "phases_s": phases.seconds}
+                               "escaped_batches": escaped, "graph": batch is not None, "raced": raced,
+                               "phases_s": phases.seconds}
+        if incumbent is not None:
+            out["incumbent_ms"] = float(incumbent)
         if problem.bytes_moved is not None:
             moved = int(problem.bytes_moved(case))
             gbps = moved / (med * 1e-3) / 1e9 if med > 0 else math.inf

@@ -12,13 +12,18 @@ escaped to another stream, where the first end event cannot see it) and the sync
 end counts instead, so such work is never left out of the time. Otherwise the gap is the
 host's wake-up after the synchronise (a few to tens of microseconds, varying from batch to
 batch), which the first end event keeps out of the figure.
+
+Racing: when the submitter knows a case's best time so far (the incumbent), the first few
+timed batches decide whether the rest are worth running. A candidate whose median over
+them is slower than ``margin`` times the incumbent cannot take the case, so its time is
+the median of those batches (the same method, fewer samples) and the device moves on.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_BATCHES", "MIN_BATCHES", "batch_count", "batch_size", "batch_time", "escape_slack_ms"]
+__all__ = ["MAX_BATCHES", "MIN_BATCHES", "batch_count", "batch_size", "batch_time", "escape_slack_ms", "raced_out"]
 
 MIN_BATCHES = 10
 """Fewest timed batches."""
@@ -64,3 +69,23 @@ def batch_time(stream_ms: float, synced_ms: float) -> tuple[float, bool]:
     if synced_ms - stream_ms > escape_slack_ms(stream_ms):
         return synced_ms, True
     return stream_ms, False
+
+
+def raced_out(first_ms: list[float], incumbent_ms: float | None, margin: float | None) -> bool:
+    """Whether a case may stop after its first timed batches (racing).
+
+    Args:
+        first_ms: Milliseconds per launch of the first timed batches (at least one).
+        incumbent_ms: The case's best known time per launch; ``None``, non-finite or not
+            positive: no race.
+        margin: How much slower than the incumbent the median of ``first_ms`` must be
+            (e.g. 1.15: 15%); ``None`` or <= 1: no race.
+    """
+    if not first_ms or incumbent_ms is None or margin is None:
+        return False
+    if not (math.isfinite(incumbent_ms) and incumbent_ms > 0 and math.isfinite(margin) and margin > 1.0):
+        return False
+    s = sorted(first_ms)
+    mid = len(s) // 2
+    med = s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
+    return med > margin * incumbent_ms

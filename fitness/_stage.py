@@ -9,6 +9,7 @@ spawned GPU worker and must therefore be picklable.
 from __future__ import annotations
 
 import abc
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -57,6 +58,29 @@ class StageResult:
         return cls(ok=False, status=status, artifacts=arts)
 
 
+INCUMBENTS = "incumbents"
+"""Key in :attr:`Job.data` of ``{case key: best known time_ms}`` (see ``Evaluator.submit``)."""
+
+
+def incumbents_data(incumbents: Mapping[str, float] | None) -> dict[str, Any]:
+    """The initial :attr:`Job.data` for a submit with ``incumbents`` (checked and copied).
+
+    Raises:
+        TypeError: Not a mapping of case keys (str) to positive, finite numbers.
+    """
+    if incumbents is None:
+        return {}
+    if not isinstance(incumbents, Mapping):
+        raise TypeError(f"incumbents must map case keys to times in ms, got {type(incumbents).__name__}")
+    out: dict[str, float] = {}
+    for k, v in incumbents.items():
+        if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float)) \
+                or not math.isfinite(v) or v <= 0:
+            raise TypeError(f"incumbents[{k!r}] = {v!r}: give case keys (str) and positive, finite times in ms")
+        out[k] = float(v)
+    return {INCUMBENTS: out} if out else {}
+
+
 @dataclass
 class Job:
     """One genome on its way through the stages.
@@ -65,7 +89,9 @@ class Job:
         genome: The candidate.
         problem: The Problem it is scored against.
         data: Products of earlier stages (``"cubin"``: bytes, ``"ptx"``: str,
-            ``"compile_log"``: str, ...).
+            ``"compile_log"``: str, ...), and what the submitter handed over:
+            ``INCUMBENTS`` (``"incumbents"``), the best time in ms known for each timed
+            case key, which lets :class:`~fitness.Timing` stop timing a case early.
     """
 
     genome: Genome

@@ -52,7 +52,7 @@ from fitness._evaluator import (
     check_stages,
     default_stages,
 )
-from fitness._stage import Job, Stage, StageContext, StageResult
+from fitness._stage import Job, Stage, StageContext, StageResult, incumbents_data
 from fitness.ray._loopback import init_local_ray
 
 __all__ = ["RayExecutor", "RayExecutorError", "run_host_stages", "run_preflight"]
@@ -246,8 +246,13 @@ class _DeviceActor:
         return {"pid": os.getpid(), "node": _node_name(), "device": self.device,
                 "worker_pid": self.worker.pid if self.worker is not None else None}
 
-    def run(self, genome: Genome, data: dict[str, Any], seed: int) -> dict[str, Any]:
-        """Run the device stages of one candidate in the isolated worker."""
+    def run(self, genome: Genome, data: dict[str, Any], seed: int,
+            given: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Run the device stages of one candidate in the isolated worker.
+
+        ``data`` is what the host stages produced; ``given`` what the submitter handed
+        over (:func:`fitness._stage.incumbents_data`), merged into the job's data.
+        """
         t0 = time.perf_counter()
         outcomes: list[_StageOutcome] = []
         device: dict[str, Any] = {}
@@ -260,7 +265,7 @@ class _DeviceActor:
                 return self._reply(outcomes, device, t0)
         needs_init = self.needs_gpu and not self.worker.initialised
         timeout = self.device_timeout + (self.init_timeout if needs_init else 0.0)
-        job = Job(genome=genome, problem=self.problem, data=dict(data))
+        job = Job(genome=genome, problem=self.problem, data={**data, **(given or {})})
         out = self.worker.run(next(self.job_ids), job, self.stages, self.options, seed, timeout)
         device = dict(out.device or {})
         outcomes = [_StageOutcome(name, res, secs)
@@ -308,6 +313,7 @@ class _Ticket:
     genome: Genome
     future: concurrent.futures.Future[Evaluation]
     seed: int
+    given: dict[str, Any] = field(default_factory=dict)  # submit()'s job data (incumbents)
     attempts: int = 0
     host_outcomes: list[_StageOutcome] = field(default_factory=list)
     data_ref: Any = None
@@ -508,14 +514,18 @@ class RayExecutor:
 
     # ----------------------------------------------------------------- public API
 
-    def submit(self, genome: Genome) -> concurrent.futures.Future[Evaluation]:
+    def submit(self, genome: Genome, *, incumbents: Mapping[str, float] | None = None,
+               ) -> concurrent.futures.Future[Evaluation]:
         """Queue ``genome`` for evaluation; the future resolves exactly once.
 
         Candidate faults become failed Evaluations; only faults of the harness (Problem
         not loadable on the workers, every actor gone for good) set an exception.
+        ``incumbents``: the best known time in ms per timed case key, for the Timing
+        stage's racing (as :meth:`fitness.Evaluator.submit`).
         """
         if not isinstance(genome, Genome):
             raise TypeError(f"submit() takes a Genome, got {type(genome).__name__}")
+        given = incumbents_data(incumbents)
         fut: concurrent.futures.Future[Evaluation] = concurrent.futures.Future()
         with self._lock:
             if self._closed:
@@ -525,7 +535,7 @@ class RayExecutor:
                 return fut
             tid = next(self._ids)
             seed = self._seed_rng.getrandbits(63) if self._seed_rng is not None else secrets.randbits(63)
-            self._tickets[tid] = _Ticket(tid, genome, fut, seed)
+            self._tickets[tid] = _Ticket(tid, genome, fut, seed, given)
             self._host_queue.append(tid)
             self._counts["submitted"] += 1
         self._wake.set()
@@ -746,7 +756,7 @@ class RayExecutor:
                         t = self._tickets.get(tid)
                         if t is None:
                             continue
-                        ref = slot.handle.run.remote(t.genome, t.data_ref, t.seed)
+                        ref = slot.handle.run.remote(t.genome, t.data_ref, t.seed, t.given)
                         slot.inflight[ref] = tid
                         self._counts["device_jobs"] += 1
                         if slot.first_job is None:

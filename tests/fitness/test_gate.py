@@ -41,7 +41,7 @@ from fitness._gate import (
     geomean,
     timing_summary,
 )
-from fitness._stage import Job, StageContext
+from fitness._stage import INCUMBENTS, Job, StageContext
 from tests.fitness.adversarial import problem as rp
 
 CPU_DEVICE = DeviceInfo("cpu-standin", "0.0", sm_count=1, l2_bytes=1 << 16, shared_per_block_optin=48 * 1024,
@@ -177,10 +177,10 @@ def small_problem(**kw):
     return rp.make_problem(**kw)
 
 
-def run_stage(stage, entry, problem=None, seed=1234, backend=None, options=None):
+def run_stage(stage, entry, problem=None, seed=1234, backend=None, options=None, data=None):
     backend = backend or NumpyBackend(KERNELS)
     problem = problem or small_problem()
-    job = Job(Genome("// python stand-in", {"THREADS": 256}, entry=entry), problem, {"cubin": b""})
+    job = Job(Genome("// python stand-in", {"THREADS": 256}, entry=entry), problem, {"cubin": b"", **(data or {})})
     ctx = StageContext(device=CPU_DEVICE, seed=seed, scratch={BACKEND_KEY: backend},
                        options=options or {"warmup_ms": 1.0, "min_batch_ms": 0.5, "timing_target_ms": 5.0})
     return stage.run(job, ctx), backend
@@ -426,6 +426,52 @@ def test_timing_catches_out_of_bounds_writes():
 def test_timing_options_fix_the_batch_count():
     res, _ = run_stage(Timing(), "good", options={"timing_batches": 12, "warmup_ms": 0.5, "min_batch_ms": 0.1})
     assert all(c["batches"] == 12 for c in res.metrics["cases"].values())
+
+
+RACE_OPTS = {"timing_batches": 12, "warmup_ms": 0.5, "min_batch_ms": 0.1}
+BOTH = ("M=64,N=256:float32", "M=64,N=256:bfloat16")
+
+
+def test_timing_races_a_case_far_slower_than_its_incumbent():
+    fast = {INCUMBENTS: {BOTH[0]: 1e-9}}  # nothing on a CPU is this fast: the float32 case stops early
+    res, _ = run_stage(Timing(race_batches=2), "good", options=RACE_OPTS, data=fast)
+    assert res.ok, res.artifacts
+    raced, full = res.metrics["cases"][BOTH[0]], res.metrics["cases"][BOTH[1]]
+    assert raced["raced"] is True and raced["batches"] == 2 and raced["incumbent_ms"] == 1e-9
+    assert full["raced"] is False and full["batches"] == 12 and "incumbent_ms" not in full
+    assert res.metrics["raced_cases"] == 1
+    assert raced["time_ms"] > 0 and set(raced["phases_s"]) >= {"timed", "verify", "determinism"}
+    slow = {INCUMBENTS: {k: 1e9 for k in BOTH}}  # far slower incumbents: every case is timed in full
+    res, _ = run_stage(Timing(), "good", options=RACE_OPTS, data=slow)
+    assert res.metrics["raced_cases"] == 0 and all(c["batches"] == 12 for c in res.metrics["cases"].values())
+
+
+def test_racing_is_off_without_incumbents_or_margin():
+    res, _ = run_stage(Timing(), "good", options=RACE_OPTS)
+    assert res.metrics["raced_cases"] == 0 and all(c["batches"] == 12 for c in res.metrics["cases"].values())
+    fast = {INCUMBENTS: {k: 1e-9 for k in BOTH}}
+    res, _ = run_stage(Timing(race_margin=None), "good", options=RACE_OPTS, data=fast)
+    assert res.metrics["raced_cases"] == 0
+    res, _ = run_stage(Timing(), "good", options={**RACE_OPTS, "race_margin": 0}, data=fast)  # an evaluator's "off"
+    assert res.metrics["raced_cases"] == 0
+    with pytest.raises(ValueError, match="race_margin"):
+        Timing(race_margin=0.9)
+    with pytest.raises(ValueError, match="race_batches"):
+        Timing(race_batches=0)
+
+
+def _k_lazy(launch, args, state):
+    """Computes for its first two launches only (a result cache that outlives warm-up's first round)."""
+    state["calls"] = state.get("calls", 0) + 1
+    if state["calls"] <= 2:
+        k_good(launch, args, state)
+
+
+def test_a_raced_case_is_still_verified():
+    # racing shortens the timed phase, never the checks of the timed launches' outputs
+    fast = {INCUMBENTS: {k: 1e-9 for k in BOTH}}
+    res, _ = run_stage(Timing(), "lazy", options=RACE_OPTS, data=fast, backend=NumpyBackend({"lazy": _k_lazy}))
+    assert res.status is Status.INCORRECT and "timed launches" in res.artifacts["mismatch"]
 
 
 def test_timing_speed_objective_and_callable():

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from fitness._gate import Timing
-from fitness._plan import MAX_BATCHES, MIN_BATCHES, batch_count, batch_size, batch_time, escape_slack_ms
+from fitness._plan import MAX_BATCHES, MIN_BATCHES, batch_count, batch_size, batch_time, escape_slack_ms, raced_out
 
 
 def test_batch_size_whole_rounds_and_bounds() -> None:
@@ -69,3 +71,14 @@ def test_run_batch_uses_stream_end_unless_work_escaped() -> None:
     assert _run(2.0, 0.0, 0.04) == (2.0, False)  # host latency after the sync is not timed
     ms, escaped = _run(2.0, 5.0, 0.04)  # 3 ms of work outlived the stream
     assert escaped and ms == pytest.approx(5.04)
+
+
+def test_raced_out_compares_the_median_of_the_first_batches_with_the_margin() -> None:
+    assert raced_out([1.3, 1.2, 5.0], 1.0, 1.15)  # median 1.3 > 1.15
+    assert not raced_out([1.1, 9.0, 1.0], 1.0, 1.15)  # one slow batch does not decide: median 1.1
+    assert raced_out([1.2, 1.3], 1.0, 1.15)  # even count: mean of the middle two, 1.25
+    assert not raced_out([1.15], 1.0, 1.15)  # exactly at the margin: keep timing
+    for inc, margin in [(None, 1.15), (0.0, 1.15), (-1.0, 1.15), (math.nan, 1.15), (1.0, None), (1.0, 1.0),
+                        (1.0, 0.5), (1.0, math.inf)]:
+        assert not raced_out([100.0], inc, margin)
+    assert not raced_out([], 1.0, 1.15)

@@ -86,7 +86,8 @@ class DeviceScore(Stage):
         if mode == "bad":
             return StageResult.fail(Status.INCORRECT, "wrong on purpose")
         x = int(job.genome.params["X"])
-        return StageResult(ok=True, fitness=float(x * x), metrics={"x": x, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")})
+        return StageResult(ok=True, fitness=float(x * x), metrics={"x": x, "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                                                   "incumbents": job.data.get("incumbents")})
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -358,7 +359,7 @@ def test_device_hang_costs_the_worker_not_the_actor(cluster: Any, tmp_path: Path
     ex = RayExecutor(_device_problem(), [FakeCompile(), DeviceScore(str(marks))], num_actors=1, device_timeout=3)
     try:
         hang = ex.submit(Genome("dev", {"X": 2, "MODE": "hang"}, entry="k"))
-        after = ex.submit(Genome("dev", {"X": 3, "MODE": "ok"}, entry="k"))
+        after = ex.submit(Genome("dev", {"X": 3, "MODE": "ok"}, entry="k"), incumbents={"N=8:float32": 0.5})
         r1, r2 = hang.result(timeout=90), after.result(timeout=90)
         stats = ex.stats()
         off = _off_loopback_sockets()  # with an actor and its fitness worker alive
@@ -366,6 +367,7 @@ def test_device_hang_costs_the_worker_not_the_actor(cluster: Any, tmp_path: Path
         ex.close()
     assert r1.status is Status.TIMEOUT
     assert r2.status is Status.OK and r2.fitness == 9.0
+    assert r2.metrics["incumbents"] == {"N=8:float32": 0.5}  # what submit was handed reached the device stage
     assert stats["actor_failures"] == 0 and stats["respawns"] >= 1
     assert off == []
     recs = [p.name.split("-") for p in marks.iterdir()]

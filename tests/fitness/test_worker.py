@@ -327,3 +327,30 @@ def test_worker_dies_with_its_parent(tmp_path):
             parent.wait(timeout=30)
         if worker is not None and _proc_state(worker) not in (None, "Z", "X"):
             os.kill(worker, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- what submit hands the device stages
+
+
+class EchoIncumbents(Stage):
+    """A device stage that reports what reached it under ``Job.data[INCUMBENTS]``."""
+
+    name = "echo_incumbents"
+    where = "device"
+    needs_gpu = False
+
+    def run(self, job, ctx):
+        from fitness import INCUMBENTS
+
+        return StageResult(ok=True, fitness=1.0, metrics={"seen": job.data.get(INCUMBENTS)})
+
+
+def test_incumbents_reach_the_device_stages_in_the_worker() -> None:
+    with Evaluator(problem(), [EchoIncumbents()], devices=["0"], seed=3) as ev:
+        e = ev.submit(g("ok"), incumbents={"M=1,N=2:float32": 0.25, "M=1,N=4:float32": 3}).result(timeout=60)
+        assert e.status is Status.OK and e.metrics["seen"] == {"M=1,N=2:float32": 0.25, "M=1,N=4:float32": 3.0}
+        assert ev.submit(g("ok")).result(timeout=60).metrics["seen"] is None  # none given: none there
+        for bad in ({"M=1,N=2:float32": -1.0}, {"M=1,N=2:float32": float("nan")}, {3: 1.0}, [("k", 1.0)],
+                    {"M=1,N=2:float32": True}):
+            with pytest.raises(TypeError, match="incumbents"):
+                ev.submit(g("ok"), incumbents=bad)
