@@ -139,6 +139,12 @@ class EngineConfig:
             export runs each case's champion, so such a child is progress even when its
             aggregate fitness is not; without it the bandit would see no gain. 0 turns it
             off; the first evaluation of a case (no earlier time) earns nothing.
+        racing: Hand each submitted candidate the per-case best times so far
+            (:meth:`Engine.incumbents`), so the evaluator's Timing stage stops timing a
+            case whose first batches are far slower than its best (``Timing
+            (race_margin=...)``): such a candidate cannot take the case, and the GPU time
+            goes to the next candidate. Evaluators whose ``submit`` takes no
+            ``incumbents`` keyword are called as before.
     """
 
     islands: int = 2
@@ -162,6 +168,7 @@ class EngineConfig:
     ray_address: str | None = None
     case_champions: float = 0.3
     champion_reward: float = 0.5
+    racing: bool = True
 
     def __post_init__(self) -> None:
         errs = []
@@ -273,6 +280,17 @@ def describe_change(parent: Genome | None, child: Genome) -> str:
     if parent.source != child.source:
         parts.append(source_diff_summary(parent.source, child.source))
     return "; ".join(p for p in parts if p) or "no change"
+
+
+def _takes_incumbents(ev: Any) -> bool:
+    """Whether ``ev.submit`` accepts ``incumbents=`` (ours do; a user's evaluator may not)."""
+    import inspect
+
+    try:
+        params = inspect.signature(ev.submit).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: call it the plain way
+        return False
+    return any(p.name == "incumbents" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def _is_budget_exceeded(exc: BaseException | None) -> bool:
@@ -485,6 +503,15 @@ class Engine:
             out.setdefault(k, 0)
         return out
 
+    def incumbents(self) -> dict[str, float]:
+        """The best time in ms so far for each timed case key (from OK evaluations).
+
+        ``run`` hands it to the evaluator with every candidate (``EngineConfig.racing``);
+        a user driving ``ask``/``tell`` with an own evaluator may pass it the same way:
+        ``Evaluator.submit(genome, incumbents=engine.incumbents())``.
+        """
+        return {k: t for k, (t, _) in self._champions.items()}
+
     # -- ask ------------------------------------------------------------------------------
 
     def ask(self, n: int = 1) -> list[Candidate]:
@@ -692,7 +719,7 @@ class Engine:
                     while len(evals) + len(props) < self.config.in_flight and self._room(budget, evals, props) > 0:
                         cand = self._next_queued()
                         if cand is not None:
-                            evals[ev.submit(cand.genome)] = cand.id
+                            evals[self._submit(ev, cand.genome)] = cand.id
                             continue
                         plan = self._plan()
                         if plan is None:
@@ -724,7 +751,7 @@ class Engine:
                         for c in accepted:
                             if stop is None and self._room(budget, evals, props) > 0:
                                 self._queue.remove(c.id)
-                                evals[ev.submit(c.genome)] = c.id
+                                evals[self._submit(ev, c.genome)] = c.id
                     else:
                         cid = evals.pop(fut)
                         self.tell(cid, self._result_of(fut, cid))
@@ -1004,6 +1031,12 @@ class Engine:
 
     # -- internals: state ---------------------------------------------------------------------
 
+    def _submit(self, ev: Any, genome: Genome) -> Any:
+        """``ev.submit(genome)``, with the per-case incumbents where racing is on and ``ev`` takes them."""
+        if self.config.racing and self._champions and _takes_incumbents(ev):
+            return ev.submit(genome, incumbents=self.incumbents())
+        return ev.submit(genome)
+
     def _note_champion(self, genome_id: str, evaluation: Evaluation) -> tuple[int, int]:
         """Record ``genome_id`` as the champion of every timed case it is the fastest on.
 
@@ -1026,7 +1059,7 @@ class Engine:
 
     def _rebuild_champions(self) -> None:
         """Per-case champions from the OK records already in the archive."""
-        if self.config.case_champions <= 0:
+        if self.config.case_champions <= 0 and not self.config.racing:
             return
         try:
             records = self.archive.records(Status.OK)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from evo.engine import Engine, EngineConfig
+from evo.engine import Budget, Engine, EngineConfig
 from evo.types import Evaluation, Status
-from tests.evo.cpu_problem import make_problem, seed_genome
+from tests.evo.cpu_problem import ParamsExecutor, make_problem, seed_genome
 
 
 def _evaluation(fitness: float, small_ms: float, large_ms: float) -> Evaluation:
@@ -95,3 +95,51 @@ def test_a_new_case_record_rewards_its_operator(tmp_path: Path) -> None:
     assert none == pytest.approx(0.0)  # its fitness fell: nothing else to reward
     with pytest.raises(ValueError, match="champion_reward=-1"):
         EngineConfig(champion_reward=-1.0)
+
+
+class _CaseExecutor(ParamsExecutor):
+    """ParamsExecutor that reports per-case times and records what each submit was handed."""
+
+    def __init__(self) -> None:
+        super().__init__(workers=1)
+        self.handed: list[dict[str, float] | None] = []
+
+    def evaluate_now(self, genome):  # type: ignore[no-untyped-def]
+        e = super().evaluate_now(genome)
+        t = float(genome.params["THREADS"])
+        return Evaluation(e.status, fitness=e.fitness, resources=e.resources,
+                          metrics={**e.metrics, "cases": {"N=256:float32": {"time_ms": t},
+                                                          "N=65536:float32": {"time_ms": 1e4 / t}}})
+
+    def submit(self, genome, *, incumbents=None):  # type: ignore[no-untyped-def]
+        self.handed.append(None if incumbents is None else dict(incumbents))
+        return super().submit(genome)
+
+
+def _run_with(tmp_path: Path, name: str, ex: ParamsExecutor, racing: bool) -> Engine:
+    prob = make_problem(seeds=(GENERALIST, SPECIALIST))
+    cfg = EngineConfig(islands=1, in_flight=1, racing=racing)
+    eng = Engine(prob, str(tmp_path / name), config=cfg, evaluator=ex, seed=2)
+    eng.run(Budget(evaluations=6), progress=False)
+    return eng
+
+
+def test_racing_hands_the_per_case_incumbents_to_the_evaluator(tmp_path: Path) -> None:
+    ex = _CaseExecutor()
+    with _run_with(tmp_path, "race", ex, racing=True) as eng:
+        threads = [float(eng.archive.get(gid).genome.params["THREADS"]) for gid in ex.submitted]
+        assert len(threads) == len(ex.handed) == 6
+        assert ex.handed[0] is None  # nothing measured yet: a plain submit
+        # one evaluation in flight at a time: each submit saw the best of all earlier results
+        for i in range(1, 6):
+            assert ex.handed[i] == {"N=256:float32": min(threads[:i]), "N=65536:float32": 1e4 / max(threads[:i])}
+        assert eng.incumbents() == {"N=256:float32": min(threads), "N=65536:float32": 1e4 / max(threads)}
+    off = _CaseExecutor()
+    with _run_with(tmp_path, "off", off, racing=False):
+        assert off.handed and all(h is None for h in off.handed)
+
+
+def test_racing_leaves_an_evaluator_without_incumbents_alone(tmp_path: Path) -> None:
+    ex = ParamsExecutor()  # submit(genome) only
+    with _run_with(tmp_path, "plain", ex, racing=True) as eng:
+        assert eng.evaluations == 6 and len(ex.submitted) == 6
