@@ -15,7 +15,8 @@ and writes ``report.md`` with:
 * the lineage of the best genome (seed -> ... -> best, operator and fitness per step);
 * where the evaluation time went: wall seconds per scoring stage (compile, correctness,
   timing, ...) over all records, total, median and 90th percentile per evaluation, and
-  by outcome, from each Evaluation's ``stage_times``.
+  by outcome, from each Evaluation's ``stage_times``; and how many timed cases the
+  Timing stage's racing stopped early.
 
 ``evo report ARCHIVE [-o DIR]`` calls it.
 """
@@ -92,12 +93,23 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
         entry (in order of first appearance) holds ``stage``, ``evaluations`` (records that
         ran it), ``total_s``, ``median_s``, ``p90_s`` (per record that ran it) and
         ``share`` (of ``total_s``). Non-finite or negative times are ignored.
+        ``"racing"``: ``{"cases", "raced", "evaluations"}``: the timed cases reported with a
+        racing decision (``metrics["cases"][key]["raced"]``, see ``fitness.Timing``), how
+        many of them stopped early, and in how many evaluations; ``None`` when no record
+        reports one.
     """
     per_stage: dict[str, list[float]] = {}
     per_record: list[float] = []
     by_status: dict[str, dict[str, float]] = {}
     untimed = 0
+    racing = {"cases": 0, "raced": 0, "evaluations": 0}
     for r in records:
+        cases = (r.evaluation.metrics or {}).get("cases")
+        flags = [c["raced"] for c in cases.values() if isinstance(c, Mapping) and "raced" in c] \
+            if isinstance(cases, Mapping) else []
+        racing["cases"] += len(flags)
+        racing["raced"] += sum(1 for f in flags if f)
+        racing["evaluations"] += 1 if any(flags) else 0
         times = getattr(r.evaluation, "stage_times", None) or {}
         clean = {str(k): float(v) for k, v in times.items()
                  if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
@@ -122,7 +134,8 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
                        "share": total / grand if grand > 0 else None})
     med, p90 = (float(q) for q in np.percentile(per_record, [50, 90])) if per_record else (None, None)
     return {"evaluations": len(per_record), "untimed": untimed, "total_s": grand,
-            "per_evaluation": {"median_s": med, "p90_s": p90}, "stages": stages, "by_status": by_status}
+            "per_evaluation": {"median_s": med, "p90_s": p90}, "stages": stages, "by_status": by_status,
+            "racing": racing if racing["cases"] else None}
 
 
 def _axes(archive: Any, elites: Sequence[Any]) -> list[dict[str, Any]]:
@@ -405,6 +418,11 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
             v = timing["by_status"][k]
             md.append(f"| {k} | {v['evaluations']} | {v['total_s']:.2f} |")
         md.append("")
+        race = timing["racing"]
+        if race:
+            md += [f"Racing: {race['raced']} of {race['cases']} timed cases (in {race['evaluations']} evaluations) "
+                   "stopped after their first timed batches, slower than the case's best time by more than the "
+                   "Timing stage's margin; the rest were timed in full.", ""]
     else:
         md += ["No stage times recorded.", ""]
 

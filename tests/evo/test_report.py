@@ -149,6 +149,17 @@ def test_stage_time_summary_sums_and_quantiles() -> None:
                               "incorrect": {"evaluations": 1, "total_s": 1.0}}
     empty = stage_time_summary([])
     assert empty["stages"] == [] and empty["per_evaluation"]["median_s"] is None
+    assert s["racing"] is None and empty["racing"] is None  # no record reports a racing decision
+
+
+def test_stage_time_summary_counts_raced_cases() -> None:
+    def rec(*flags: bool) -> Record:
+        cases = {f"N={i}:float32": {"time_ms": 1.0, "raced": f} for i, f in enumerate(flags)}
+        return Record(Genome("k", {"A": len(flags), "B": sum(flags)}),
+                      Evaluation(Status.OK, fitness=1.0, metrics={"cases": cases}, stage_times={"timing": 1.0}))
+
+    s = stage_time_summary([rec(True, False, True), rec(False, False), rec(True), _timed(Status.OK, timing=1.0)])
+    assert s["racing"] == {"cases": 6, "raced": 3, "evaluations": 2}
 
 
 def test_report_says_where_the_time_went(tmp_path: Path) -> None:
@@ -156,7 +167,8 @@ def test_report_says_where_the_time_went(tmp_path: Path) -> None:
 
     a = Archive(make_problem(), str(tmp_path / "a"))
     g = Genome("extern \"C\" __global__ void axpy() {}", {"UNROLL": 1, "VEC": 2, "THREADS": 128}, entry="axpy")
-    a.add(Record(g, Evaluation(Status.OK, fitness=0.5, metrics={"cases": {"N=1000:float32": {"time_ms": 0.01}}},
+    a.add(Record(g, Evaluation(Status.OK, fitness=0.5,
+                               metrics={"cases": {"N=1000:float32": {"time_ms": 0.01, "raced": True}}},
                                resources={"registers": 32}, stage_times={"compile": 1.25, "timing": 0.75}),
                  operator="seed"))
     a.add(Record(g.with_params(UNROLL=2), Evaluation(Status.COMPILE_ERROR, stage_times={"compile": 2.0}),
@@ -168,6 +180,7 @@ def test_report_says_where_the_time_went(tmp_path: Path) -> None:
     assert "| compile | 2 | 3.25 | 81.2% | 1.625 | 1.925 |" in text
     assert "| timing | 1 | 0.75 | 18.8% | 0.750 | 0.750 |" in text
     assert "| compile_error | 1 | 2.00 |" in text and "| ok | 1 | 2.00 |" in text
+    assert "Racing: 1 of 1 timed cases (in 1 evaluations) stopped" in text
 
 
 def test_report_without_stage_times(run_archive: Path, tmp_path: Path) -> None:
