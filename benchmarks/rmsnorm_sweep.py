@@ -167,18 +167,18 @@ def cluster_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
 
 
 def policy_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
-    """The rows read twice (STAGE 2) under three L2 policies, side by side: each sampled
-    configuration of the ``reread`` grid at LOAD_HINT 0 (none), 3 (evict-first for both reads) and 4 (the
-    first read evict-last, so the row waits in L2 for the second, which lets it go).
+    """The rows read twice (STAGE 2) under four cache policies, side by side: each sampled
+    configuration of the ``reread`` grid at LOAD_HINT 0 (none), 3 (evict-first for both reads), 4 (the
+    first read evict-last, so the row waits in L2 for the second, which lets it go) and 5 (4 in L1 too).
     """
     space = make_forward_problem(dtypes=["bfloat16"]).params
     p2 = dict(BASE, STAGE=2, VEC_BYTES=16, PERSISTENT=0, WSMEM=0, STORE_HINT=1)
     grid = [dict(q, TPR=q["THREADS"]) for q in _grid(p2, CLUSTER=[1, 2, 4, 8], THREADS=[256, 512, 1024],
                                                      MAX_VECS=[1, 2, 4], OCCUPANCY=[0, 2])]
     configs = [dict(p, LOAD_HINT=3) for p in FWD_SEED_PARAMS if p["STAGE"] == 2]
-    configs += _sample(space, [dict(p, LOAD_HINT=3) for p in grid], max(0, limit // 3 - len(configs)),
+    configs += _sample(space, [dict(p, LOAD_HINT=3) for p in grid], max(0, limit // 4 - len(configs)),
                       np.random.default_rng(seed), exclude=configs)
-    return [dict(p, LOAD_HINT=h) for p in configs for h in (0, 3, 4)][:max(limit, 3)]
+    return [dict(p, LOAD_HINT=h) for p in configs for h in (0, 3, 4, 5)][:max(limit, 4)]
 
 
 SETS = {"pipe": pipe_set, "short": short_set, "long": long_set, "reread": reread_set, "cluster": cluster_set,

@@ -13,6 +13,9 @@
 //                4 as 3, except that the first read of a row that is read twice from global
 //                memory (STAGE 2 and the fallbacks) carries an evict_last policy, so the row
 //                is still in L2 for its second read, which then lets it go (evict_first)
+//                5 as 4, and the L1 as well: the first read is ld.global.L1::evict_last (the
+//                row stays in the SM's L1 for the second read while the row, or the CTA's
+//                rows, fit it), every other x load L1::evict_first
 //   STORE_HINT   y stores: 0 default, 1 st.global.cs, 2 st.global.cg
 //   STAGE        0 row chunk kept in registers (tile of MAX_VECS vectors per thread),
 //                1 row chunk staged in dynamic shared memory, 2 second pass re-reads global
@@ -163,8 +166,17 @@ struct __align__(VEC_BYTES) Vec {
 #define LD_OP "ld.global.cg"
 #elif LOAD_HINT == 3 || LOAD_HINT == 4
 #define LD_OP "ld.global.L2::cache_hint"
+#elif LOAD_HINT == 5
+#define LD_OP "ld.global.L1::evict_first.L2::cache_hint"
 #else
-#error "LOAD_HINT must be 0..4"
+#error "LOAD_HINT must be 0..5"
+#endif
+
+// The first read of a row that is read twice from global memory (see keep_policy).
+#if LOAD_HINT == 5
+#define LD_KEEP_OP "ld.global.L1::evict_last.L2::cache_hint"
+#else
+#define LD_KEEP_OP LD_OP
 #endif
 
 #if LOAD_HINT >= 3
@@ -183,17 +195,22 @@ struct __align__(VEC_BYTES) Vec {
 #error "STORE_HINT must be 0..2"
 #endif
 
-__device__ __forceinline__ void ld_vec(Vec& v, const void* p, unsigned long long pol) {
 #if VEC_BYTES == 16
-    asm volatile(LD_OP ".v4.u32 {%0, %1, %2, %3}, [%4]" LD_POL(5) ";"
-                 : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
-                 : "l"(p), "l"(pol));
+#define LD_VEC_ASM(OP)                                                       \
+    asm volatile(OP ".v4.u32 {%0, %1, %2, %3}, [%4]" LD_POL(5) ";"         \
+                 : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3]) \
+                 : "l"(p), "l"(pol))
 #elif VEC_BYTES == 8
-    asm volatile(LD_OP ".v2.u32 {%0, %1}, [%2]" LD_POL(3) ";" : "=r"(v.w[0]), "=r"(v.w[1]) : "l"(p), "l"(pol));
+#define LD_VEC_ASM(OP) \
+    asm volatile(OP ".v2.u32 {%0, %1}, [%2]" LD_POL(3) ";" : "=r"(v.w[0]), "=r"(v.w[1]) : "l"(p), "l"(pol))
 #else
-    asm volatile(LD_OP ".u32 %0, [%1]" LD_POL(2) ";" : "=r"(v.w[0]) : "l"(p), "l"(pol));
+#define LD_VEC_ASM(OP) asm volatile(OP ".u32 %0, [%1]" LD_POL(2) ";" : "=r"(v.w[0]) : "l"(p), "l"(pol))
 #endif
-}
+
+__device__ __forceinline__ void ld_vec(Vec& v, const void* p, unsigned long long pol) { LD_VEC_ASM(LD_OP); }
+
+// The first read of a row that is read again from global memory (with keep_policy's `pol`).
+__device__ __forceinline__ void ld_vec_keep(Vec& v, const void* p, unsigned long long pol) { LD_VEC_ASM(LD_KEEP_OP); }
 
 // No "memory" clobber: nothing in the kernel reads y back, and a clobber would pin every later
 // load (the next vector's weights, its shared-memory slot) behind this store, so each vector of
@@ -395,10 +412,10 @@ __device__ __forceinline__ unsigned long long load_policy() {
 }
 
 // The policy of the first read of a row that is read again from global memory: LOAD_HINT 4
-// keeps it in L2 (evict_last) until the second read, which uses `pol` (evict_first) and so
-// releases it; otherwise both reads use `pol`.
+// and 5 keep it in L2 (evict_last) until the second read, which uses `pol` (evict_first) and
+// so releases it; otherwise both reads use `pol`.
 __device__ __forceinline__ unsigned long long keep_policy(unsigned long long pol) {
-#if LOAD_HINT == 4
+#if LOAD_HINT >= 4
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
 #endif
     return pol;
@@ -474,7 +491,12 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
                     Vec b[MV];
 #pragma unroll
                     for (int kk = 0; kk < MV; ++kk)
-                        if (k0 + kk < nmine) ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, in_smem ? pol : keep);
+                        if (k0 + kk < nmine) {
+                            if (in_smem)
+                                ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, pol);
+                            else
+                                ld_vec_keep(b[kk], xv + (k0 + kk) * vstride * ESZ, keep);
+                        }
 #pragma unroll
                     for (int kk = 0; kk < MV; ++kk) {
                         if (k0 + kk < nmine) {

@@ -82,10 +82,10 @@ def test_compare_needs_two_files(tmp_path: Path) -> None:
 
 
 def test_policy_set_compares_the_hints_on_equal_terms() -> None:
-    """The policy set times each STAGE 2 variant at LOAD_HINT 0, 3 and 4, nothing else changed."""
+    """The policy set times each STAGE 2 variant at LOAD_HINT 0, 3, 4 and 5, nothing else changed."""
     variants = rmsnorm_sweep.policy_set(36)
     assert len(variants) == 36 and all(p["STAGE"] == 2 for p in variants)
-    for i in range(0, len(variants), 3):
-        trio = variants[i:i + 3]
-        assert [p["LOAD_HINT"] for p in trio] == [0, 3, 4]
-        assert len({tuple(sorted((k, v) for k, v in p.items() if k != "LOAD_HINT")) for p in trio}) == 1
+    for i in range(0, len(variants), 4):
+        four = variants[i:i + 4]
+        assert [p["LOAD_HINT"] for p in four] == [0, 3, 4, 5]
+        assert len({tuple(sorted((k, v) for k, v in p.items() if k != "LOAD_HINT")) for p in four}) == 1

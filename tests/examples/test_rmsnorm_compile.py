@@ -52,6 +52,11 @@ def _corner_cases() -> list[dict]:
     # STAGE 2 with the two-pass L2 policy (a second policy register), a 4-CTA cluster
     out.append(dict(base, THREADS=512, TPR=512, MAX_VECS=2, VEC_BYTES=16, STAGE=2, CLUSTER=4, OCCUPANCY=2,
                     LOAD_HINT=4, STORE_HINT=1))
+    # STAGE 2 at 1024 threads: two 16-byte loads per batch in 64 registers, with and without a cluster
+    out.append(dict(base, THREADS=1024, TPR=1024, MAX_VECS=2, VEC_BYTES=16, STAGE=2, CLUSTER=4, OCCUPANCY=0,
+                    LOAD_HINT=5, STORE_HINT=1))
+    out.append(dict(base, THREADS=1024, TPR=1024, MAX_VECS=2, VEC_BYTES=16, STAGE=2, CLUSTER=1, OCCUPANCY=0,
+                    LOAD_HINT=0, STORE_HINT=0))
     return out
 
 
@@ -79,11 +84,12 @@ def test_forward_variants_compile_without_spills(tmp_path: Path) -> None:
 
 def test_two_pass_load_policy(tmp_path: Path) -> None:
     """LOAD_HINT 4 reads a row that is read twice first with an L2 evict_last policy, then evict_first;
-    LOAD_HINT 3 uses evict_first for both reads (and never creates an evict_last policy)."""
+    LOAD_HINT 3 uses evict_first for both reads (and never creates an evict_last policy); LOAD_HINT 5
+    is 4 plus L1 priorities: the first read L1::evict_last, every other x load L1::evict_first."""
     base = dict(make_forward_problem().seeds[0].params, THREADS=512, TPR=512, STAGE=2, MAX_VECS=1,
                 OCCUPANCY=2, STORE_HINT=1)
     ptx = {}
-    for hint in (3, 4):
+    for hint in (3, 4, 5):
         d = tmp_path / str(hint)
         d.mkdir()
         ptx[hint] = nvcc_ptx("rmsnorm_fwd.cu", _defines(dict(base, LOAD_HINT=hint)), d)
@@ -92,6 +98,11 @@ def test_two_pass_load_policy(tmp_path: Path) -> None:
     # both reads of a row carry a policy operand: ld.global.L2::cache_hint only, no plain ld.global.v4
     assert re.search(r"ld\.global\.L2::cache_hint\.v4", ptx[4])
     assert not re.search(r"ld\.global\.v4\.u32", ptx[4])
+    assert "L1::evict" not in ptx[3] + ptx[4]
+    assert "L2::evict_last" in ptx[5]
+    assert re.search(r"ld\.global\.L1::evict_last\.L2::cache_hint\.v4", ptx[5])  # first read: kept in L1
+    assert re.search(r"ld\.global\.L1::evict_first\.L2::cache_hint\.v4", ptx[5])  # second read: let go
+    assert not re.search(r"ld\.global\.(L2::cache_hint\.)?v4", ptx[5])  # no x load without an L1 priority
 
 
 def test_invalid_combination_fails_to_compile(tmp_path: Path) -> None:

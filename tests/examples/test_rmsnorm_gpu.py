@@ -130,12 +130,15 @@ def test_forward_rowtile_sampled(cuda_device) -> None:
     _check_sampled(4, 9, PIPE_SHAPES[:3] + [{"M": 70, "N": 256}] + SMALL[1:4])
 
 
-def test_forward_two_pass_policy(cuda_device) -> None:
-    """LOAD_HINT 4 (first read evict_last, second evict_first) on the paths that read a row twice:
-    STAGE 2 with a CTA and with a 4-CTA cluster per row, STAGE 0 and 3 falling back to it."""
+@pytest.mark.parametrize("hint", [4, 5])
+def test_forward_two_pass_policy(cuda_device, hint: int) -> None:
+    """LOAD_HINT 4 (first read evict_last, second evict_first) and 5 (the same in L1 too) on the
+    paths that read a row twice: STAGE 2 with a CTA (512 and 1024 threads) and with a 4-CTA
+    cluster per row, STAGE 0 and 3 falling back to it."""
     prob = make_forward_problem()
-    base = dict(prob.seeds[0].params, LOAD_HINT=4, STORE_HINT=1, VEC_BYTES=16)
+    base = dict(prob.seeds[0].params, LOAD_HINT=hint, STORE_HINT=1, VEC_BYTES=16)
     for p in (dict(base, THREADS=512, TPR=512, STAGE=2, MAX_VECS=1, OCCUPANCY=2),
+              dict(base, THREADS=1024, TPR=1024, STAGE=2, MAX_VECS=2, OCCUPANCY=0),
               dict(base, THREADS=512, TPR=512, STAGE=2, MAX_VECS=2, CLUSTER=4, OCCUPANCY=2),
               dict(base, THREADS=128, TPR=32, STAGE=0, MAX_VECS=1),
               dict(base, THREADS=128, TPR=128, STAGE=3, MAX_VECS=4, CLUSTER=8, PIPE=1, TILE_ROWS=1)):
