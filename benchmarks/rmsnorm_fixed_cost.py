@@ -124,7 +124,9 @@ def genome_from_params(problem: Any, text: str) -> dict[str, Any]:
 
 def input_sets(l2_bytes: int, set_bytes: int) -> int:
     """Input sets to rotate so that one round exceeds 3x L2 (at least 2, at most 16)."""
-    return max(2, min(16, -(-3 * l2_bytes // set_bytes)))
+    from fitness import rotation_sets
+
+    return rotation_sets(l2_bytes, set_bytes, most=16, least=2)
 
 
 def fit_line(ms: Sequence[int], times_us: Sequence[float]) -> tuple[float, float, float]:

@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     dst = torch.empty_like(src)
     # issued call by call: a memcpy recorded in a CUDA graph may run on a copy engine,
     # slower than the kernel copy the fitness worker measures
-    from fitness import time_calls
+    from fitness import rotation_sets, time_calls
 
     copy_ms = time_calls([lambda: dst.copy_(src)], use_graph=False).time_ms
     copy_tbs = 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e12
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             one = m * n * elem
             free = torch.cuda.mem_get_info()[0]
             per_set = (3 if args.backward else 2) * one  # x + y, or x + dy + dx
-            sets = max(1, min(16, -(-3 * l2 // per_set), int(0.4 * free // per_set) or 1))  # a round > 3x L2
+            sets = rotation_sets(l2, per_set, most=16, fit=int(0.4 * free // per_set))
             xs = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
             w = torch.randn(n, device="cuda", dtype=torch.float32)
             dys = rstds = None

@@ -85,13 +85,13 @@ def time_torch(fn: Any, case: Any, l2_bytes: int = 50 << 20, backward: bool = Fa
     """
     import torch
 
-    from fitness import time_calls
+    from fitness import rotation_sets, time_calls
 
     m, n = case["M"], case["N"]
     dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[case.dtype]
     elem = torch.finfo(dt).bits // 8
     one = (3 if backward else 2) * m * n * elem
-    sets = max(1, min(16, -(-3 * l2_bytes // max(one, 1))))
+    sets = rotation_sets(l2_bytes, one, most=16)
     xs = [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
     if not backward:
         w = torch.randn(n, device="cuda", dtype=dt)

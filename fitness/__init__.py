@@ -16,6 +16,7 @@ API index:
     Correctness, Timing, init_device                   device stages (``_gate``, ``_device``; imported lazily)
     random_normal, seed_from                           fast fresh inputs for make_inputs (``_inputs``)
     time_calls, CallTiming                             torch callables timed like Timing (``_torch_timing``)
+    rotation_sets                                      input sets per timed case: a round > 3x L2 (``_plan``)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fitness._compile import (
 )
 from fitness._evaluator import Evaluator, EvaluatorConfigError, HostScore, check_reference, default_stages
 from fitness._inputs import random_normal, seed_from
+from fitness._plan import rotation_sets
 from fitness._resources import Resources, parse_ptxas_report, ptxas_entries
 from fitness._stage import INCUMBENTS, CudaFault, Job, Stage, StageContext, StageResult
 from fitness._static import StaticCheck, check_genome, static_violations
@@ -51,7 +53,7 @@ __all__ = [
     "Evaluator", "EvaluatorConfigError", "HostScore", "check_reference", "default_stages",
     "WorkerOutcome", "WorkerProcess", "is_cuda_fault", "visible_devices",
     "Correctness", "Timing", "init_device",
-    "random_normal", "seed_from", "CallTiming", "time_calls",
+    "random_normal", "seed_from", "CallTiming", "time_calls", "rotation_sets",
 ]
 
 _LAZY = {"Correctness": "fitness._gate", "Timing": "fitness._gate", "init_device": "fitness._device"}

@@ -60,7 +60,7 @@ from fitness._device import (
 )
 from fitness._dtypes import checksum, from_storage, is_float, poison, to_storage, upcast
 from fitness._fused import FUSED_DTYPES, fused_for
-from fitness._plan import batch_count, batch_size, batch_time, raced_out
+from fitness._plan import batch_count, batch_size, batch_time, raced_out, rotation_sets
 from fitness._stage import INCUMBENTS, Job, Stage, StageContext, StageResult
 
 __all__ = [
@@ -712,9 +712,8 @@ class Timing(Stage):
         # Enough sets that one round exceeds 3x L2 (every launch reads from HBM); one set
         # when it alone does (a result reused across launches is caught by the new
         # contents after warm-up and by the bandwidth ceiling below).
-        want = max(1, math.ceil(3 * max(device.l2_bytes, 1) / max(data_bytes, 1)))
         room = int(0.6 * backend.free_bytes()) // max(1, 3 * set_bytes)  # inputs' temporaries and refs too
-        k = max(1, min(want, room, int(opts.get("max_sets", 64))))
+        k = rotation_sets(device.l2_bytes, data_bytes, most=int(opts.get("max_sets", 64)), fit=room)
         with phases("inputs"):
             sets = [_new_set(backend, specs, scalars, canary) for _ in range(k)]
             for si, cs in enumerate(sets):

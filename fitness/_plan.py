@@ -23,12 +23,28 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["MAX_BATCHES", "MIN_BATCHES", "batch_count", "batch_size", "batch_time", "escape_slack_ms", "raced_out"]
+__all__ = ["MAX_BATCHES", "MIN_BATCHES", "batch_count", "batch_size", "batch_time", "escape_slack_ms", "raced_out",
+           "rotation_sets"]
 
 MIN_BATCHES = 10
 """Fewest timed batches."""
 MAX_BATCHES = 100
 """Most timed batches."""
+
+
+def rotation_sets(l2_bytes: int, set_bytes: int, *, most: int, least: int = 1, fit: int | None = None) -> int:
+    """Input sets to rotate so that one round over them exceeds 3x L2 (every launch reads from HBM).
+
+    Args:
+        l2_bytes: The device's L2 size.
+        set_bytes: Bytes one launch reads and writes (one set's buffers).
+        most: Upper bound (the caller's).
+        least: Lower bound (the caller's; wins over ``fit``).
+        fit: Most sets the free device memory holds, if the caller limits by it.
+    """
+    want = math.ceil(3 * max(int(l2_bytes), 1) / max(int(set_bytes), 1))
+    k = min(want, int(most), int(fit) if fit is not None else want)
+    return max(int(least), k)
 
 
 def batch_size(sets: int, per_launch_ms: float, min_batch_ms: float, max_batch: int) -> int:

@@ -82,3 +82,16 @@ def test_raced_out_compares_the_median_of_the_first_batches_with_the_margin() ->
                         (1.0, 0.5), (1.0, math.inf)]:
         assert not raced_out([100.0], inc, margin)
     assert not raced_out([], 1.0, 1.15)
+
+
+def test_rotation_sets_exceed_three_l2_within_the_callers_bounds() -> None:
+    from fitness import rotation_sets
+
+    l2 = 60 << 20
+    assert rotation_sets(l2, 32 << 20, most=64) == 6  # 6 x 32 MiB >= 180 MiB
+    assert rotation_sets(l2, 400 << 20, most=64) == 1  # one set alone exceeds 3x L2
+    assert rotation_sets(l2, 400 << 20, most=16, least=2) == 2
+    assert rotation_sets(l2, 1 << 20, most=16) == 16
+    assert rotation_sets(l2, 32 << 20, most=64, fit=3) == 3  # what free memory holds
+    assert rotation_sets(l2, 32 << 20, most=64, fit=0) == 1  # never below least
+    assert rotation_sets(0, 1 << 20, most=8) == 1  # no L2 reported: one set
