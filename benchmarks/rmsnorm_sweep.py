@@ -175,7 +175,10 @@ def policy_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     p2 = dict(BASE, STAGE=2, VEC_BYTES=16, PERSISTENT=0, WSMEM=0, STORE_HINT=1)
     grid = [dict(q, TPR=q["THREADS"]) for q in _grid(p2, CLUSTER=[1, 2, 4, 8], THREADS=[256, 512, 1024],
                                                      MAX_VECS=[1, 2, 4], OCCUPANCY=[0, 2])]
-    configs = [dict(p, LOAD_HINT=3) for p in FWD_SEED_PARAMS if p["STAGE"] == 2]
+    configs: list[dict[str, int]] = []
+    for p in FWD_SEED_PARAMS:  # seeds that differ only in LOAD_HINT are one configuration here
+        if p["STAGE"] == 2 and dict(p, LOAD_HINT=3) not in configs:
+            configs.append(dict(p, LOAD_HINT=3))
     configs += _sample(space, [dict(p, LOAD_HINT=3) for p in grid], max(0, limit // 4 - len(configs)),
                       np.random.default_rng(seed), exclude=configs)
     return [dict(p, LOAD_HINT=h) for p in configs for h in (0, 3, 4, 5)][:max(limit, 4)]
