@@ -24,6 +24,7 @@ import argparse
 import json
 import math
 import platform
+import statistics
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -67,10 +68,7 @@ def _champions(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
 def _spread(xs: Sequence[float]) -> dict[str, float | int | None]:
     if not xs:
         return {"n": 0, "median": None, "min": None, "max": None}
-    s = sorted(xs)
-    mid = len(s) // 2
-    med = s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
-    return {"n": len(s), "median": med, "min": s[0], "max": s[-1]}
+    return {"n": len(xs), "median": statistics.median(xs), "min": min(xs), "max": max(xs)}
 
 
 def compare(full: Sequence[Mapping[str, Any]], raced: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

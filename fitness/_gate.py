@@ -753,15 +753,12 @@ class Timing(Stage):
             r = batch_count(float(opts.get("timing_target_ms", 50.0)), b * per_launch)
         margin = opts.get("race_margin")
         first = max(1, int(opts.get("race_batches", 3)))
-        raced = False
+        racing = incumbent is not None and margin is not None and r > first
         with phases("timed"):
-            if incumbent is not None and margin is not None and r > first:
-                runs = [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(first)]
-                raced = raced_out([ms / b for ms, _ in runs], float(incumbent), float(margin))
-                if not raced:
-                    runs += [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(r - first)]
-            else:
-                runs = [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(r)]
+            runs = [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(first if racing else r)]
+            raced = racing and raced_out([ms / b for ms, _ in runs], incumbent, margin)
+            if not raced:
+                runs += [self._run_batch(backend, kernel, launch, sets, device, batch, b) for _ in range(r - len(runs))]
         r = len(runs)
         times = [ms / b for ms, _ in runs]
         escaped = sum(e for _, e in runs)

@@ -22,6 +22,7 @@ the median of those batches (the same method, fewer samples) and the device move
 from __future__ import annotations
 
 import math
+import statistics
 
 __all__ = ["MAX_BATCHES", "MIN_BATCHES", "batch_count", "batch_size", "batch_time", "escape_slack_ms", "raced_out",
            "rotation_sets"]
@@ -101,7 +102,4 @@ def raced_out(first_ms: list[float], incumbent_ms: float | None, margin: float |
         return False
     if not (math.isfinite(incumbent_ms) and incumbent_ms > 0 and math.isfinite(margin) and margin > 1.0):
         return False
-    s = sorted(first_ms)
-    mid = len(s) // 2
-    med = s[mid] if len(s) % 2 else 0.5 * (s[mid - 1] + s[mid])
-    return med > margin * incumbent_ms
+    return statistics.median(first_ms) > margin * incumbent_ms
