@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor", choices=("local", "ray"), default="local")
     ap.add_argument("--ray-address", default=None)
     ap.add_argument("--no-compare", action="store_true", help="skip the torch comparison")
+    ap.add_argument("--no-racing", action="store_true", help="time every case of every candidate in full "
+                    "(default: a case far slower than its best so far stops after 3 batches)")
     ap.add_argument("--compare-dtypes", default="bfloat16,float16,float32",
                     help="dtypes compared against torch (torch.compile compiles once per case)")
     args = ap.parse_args(argv)
@@ -172,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     import archive
-    from evo import Budget, Engine
+    from evo import Budget, Engine, EngineConfig
     from evo.export import export_module
     from evo.types import Case
     from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
@@ -192,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.archive).parent.mkdir(parents=True, exist_ok=True)
     arch = archive.Archive(problem, args.archive)
     try:
-        engine = Engine(problem, arch, evaluator=evaluator, llm=llm, seed=args.seed)
+        engine = Engine(problem, arch, evaluator=evaluator, llm=llm, seed=args.seed,
+                        config=EngineConfig(racing=not args.no_racing))
         best = engine.run(Budget(seconds=args.minutes * 60, evaluations=args.evaluations))
         if best is None:
             print("no correct kernel found; see the archive's failure records", file=sys.stderr)
