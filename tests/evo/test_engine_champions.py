@@ -143,3 +143,22 @@ def test_racing_leaves_an_evaluator_without_incumbents_alone(tmp_path: Path) -> 
     ex = ParamsExecutor()  # submit(genome) only
     with _run_with(tmp_path, "plain", ex, racing=True) as eng:
         assert eng.evaluations == 6 and len(ex.submitted) == 6
+
+
+def test_which_evaluators_take_incumbents() -> None:
+    from evo.engine import _takes_incumbents
+
+    class Plain:
+        def submit(self, genome): ...  # type: ignore[no-untyped-def]
+
+    class Keyword:
+        def submit(self, genome, *, incumbents=None): ...  # type: ignore[no-untyped-def]
+
+    class Anything:
+        def submit(self, genome, **kw): ...  # type: ignore[no-untyped-def]
+
+    class Opaque:
+        submit = max  # a builtin without a signature inspect can read: called the plain way
+
+    assert not _takes_incumbents(Plain()) and _takes_incumbents(Keyword()) and _takes_incumbents(Anything())
+    assert _takes_incumbents(Opaque()) is False
