@@ -44,25 +44,20 @@ def row_of(genome_id: str, ev: Any) -> dict[str, Any]:
             "cases": {k: {"time_ms": c.get("time_ms"), "raced": bool(c.get("raced"))} for k, c in cases.items()}}
 
 
-def per_case_best(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """``{case key: lowest time_ms}`` over the OK rows."""
-    best: dict[str, float] = {}
-    for r in rows:
-        for k, c in r["cases"].items():
-            t = c.get("time_ms")
-            if isinstance(t, (int, float)) and math.isfinite(t) and t > 0 and (k not in best or t < best[k]):
-                best[k] = float(t)
-    return best
-
-
-def _champions(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+def _fastest(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[float, str]]:
+    """``{case key: (lowest time_ms, genome id)}`` over the rows' finite, positive times."""
     out: dict[str, tuple[float, str]] = {}
     for r in rows:
         for k, c in r["cases"].items():
             t = c.get("time_ms")
-            if isinstance(t, (int, float)) and (k not in out or t < out[k][0]):
+            if isinstance(t, (int, float)) and math.isfinite(t) and t > 0 and (k not in out or t < out[k][0]):
                 out[k] = (float(t), r["genome"])
-    return {k: g for k, (_, g) in out.items()}
+    return out
+
+
+def per_case_best(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """``{case key: lowest time_ms}`` over the OK rows."""
+    return {k: t for k, (t, _) in _fastest(rows).items()}
 
 
 def _spread(xs: Sequence[float]) -> dict[str, float | int | None]:
@@ -96,7 +91,8 @@ def compare(full: Sequence[Mapping[str, Any]], raced: Sequence[Mapping[str, Any]
             (raced_r if c["raced"] else full_r).append(c["time_ms"] / t0)
     t_full = sum(r["timing_s"] for r in full)
     t_race = sum(r["timing_s"] for r in raced)
-    ch_full, ch_race = _champions(full), _champions(raced)
+    ch_full = {k: g for k, (_, g) in _fastest(full).items()}
+    ch_race = {k: g for k, (_, g) in _fastest(raced).items()}
     return {"timing_s": {"full": t_full, "raced": t_race},
             "timing_ratio": t_race / t_full if t_full > 0 else None,
             "cases": sum(len(r["cases"]) for r in raced),
