@@ -359,6 +359,9 @@ def test_device_hang_costs_the_worker_not_the_actor(cluster: Any, tmp_path: Path
     ex = RayExecutor(_device_problem(), [FakeCompile(), DeviceScore(str(marks))], num_actors=1, device_timeout=3)
     try:
         hang = ex.submit(Genome("dev", {"X": 2, "MODE": "hang"}, entry="k"))
+        # the second job is submitted once the hang runs: submitted together, its host stage may
+        # finish first under load, and then it would run on the worker before the hang
+        _wait_for_files(marks, 1, 90)
         after = ex.submit(Genome("dev", {"X": 3, "MODE": "ok"}, entry="k"), incumbents={"N=8:float32": 0.5})
         r1, r2 = hang.result(timeout=90), after.result(timeout=90)
         stats = ex.stats()
