@@ -14,6 +14,9 @@ for timing only; the engine never sees them:
   one cubin); computes the same outputs, which the script checks bitwise against ``full``;
 * ``no-reduce`` (backward): every CTA returns after taking its ticket, so nobody sums the
   partial rows (dw is wrong);
+* ``no-sum`` (backward): the reducers wait for every partial row as in ``full`` but sum no
+  column (dw is wrong): ``full`` minus ``no-sum`` is the summation, ``no-sum`` minus
+  ``no-reduce`` the wait for the last CTA;
 * ``no-dw`` (backward): every CTA returns before publishing its partial row (dw is wrong).
 
 Every variant is timed like the fitness Timing stage (:func:`fitness.time_calls`: L2-cold
@@ -51,8 +54,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # rmsnorm_peers: the dispatch impo
 import rmsnorm_peers  # noqa: E402
 
 ROWS_32K = 32768
-VARIANTS = ("full", "dtype-only", "no-reduce", "no-dw")
-BACKWARD_ONLY = ("no-reduce", "no-dw")
+VARIANTS = ("full", "dtype-only", "no-reduce", "no-sum", "no-dw")
+BACKWARD_ONLY = ("no-reduce", "no-sum", "no-dw")
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 # if (dtype_code == 0) f<0, T>(args); else if (dtype_code == 1) f<1, T>(args); else f<2, T>(args);
@@ -61,6 +64,7 @@ _DISPATCH = re.compile(
     r"else if \(dtype_code == 1\)\s*(?P=f)<1(?P=t)>\((?P=a)\);\s*"
     r"else\s*(?P=f)<2(?P=t)>\((?P=a)\);")
 _NO_REDUCE = ("    if (t < G - K) return;\n", "    return;\n")
+_NO_SUM = ("    for (int j0 = lo; j0 < hi; j0 += L) {\n", "    for (int j0 = hi; j0 < hi; j0 += L) {\n")
 _NO_DW = ("    if (use_smem) {\n        __syncthreads();\n        for (int j = threadIdx.x; j < N; j += THREADS) "
           "mine[j] = sdw[j];",)
 
@@ -89,6 +93,12 @@ def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str
         old, new = _NO_REDUCE
         if old not in source:
             raise ValueError("no-reduce: the reducers' 'if (t < G - K) return;' is not in the source")
+        return source.replace(old, new, 1)
+    if variant == "no-sum":
+        old, new = _NO_SUM
+        if old not in source:
+            raise ValueError("no-sum: the reducers' column loop 'for (int j0 = lo; j0 < hi; j0 += L)' is not in "
+                             "the source")
         return source.replace(old, new, 1)
     (old,) = _NO_DW
     if old not in source:

@@ -34,6 +34,9 @@ def test_backward_edits_apply_once_and_forward_refuses_them() -> None:
     no_reduce = fc.variant_source(BWD, "no-reduce", "bfloat16", backward=True)
     assert "if (t < G - K) return;" not in no_reduce and no_reduce.count("\n    return;\n") == \
         BWD.count("\n    return;\n") + 1
+    no_sum = fc.variant_source(BWD, "no-sum", "bfloat16", backward=True)
+    assert "for (int j0 = hi; j0 < hi; j0 += L)" in no_sum and "j0 = lo" not in no_sum
+    assert "while (ld_acquire(ticket) < G)" in no_sum  # the reducers still wait for every partial row
     no_dw = fc.variant_source(BWD, "no-dw", "bfloat16", backward=True)
     assert no_dw.index("    return;\n    if (use_smem) {") < no_dw.index("mine[j] = sdw[j]")
     assert fc.variant_source(BWD, "full", "float32", backward=True) is BWD
@@ -45,6 +48,8 @@ def test_backward_edits_apply_once_and_forward_refuses_them() -> None:
         fc.variant_source("int x;", "dtype-only", "bfloat16", backward=False)
     with pytest.raises(ValueError, match="no-reduce"):
         fc.variant_source("int x;", "no-reduce", "bfloat16", backward=True)
+    with pytest.raises(ValueError, match="no-sum"):
+        fc.variant_source("int x;", "no-sum", "bfloat16", backward=True)
 
 
 def _cubin_bytes(source: str, defines: list[str], tmp: Path, name: str) -> int:
@@ -64,7 +69,7 @@ def test_variants_compile_and_dtype_only_is_smaller(backward: bool, tmp_path: Pa
     only = _cubin_bytes(fc.variant_source(source, "dtype-only", "bfloat16", backward), defines, tmp_path, "only")
     assert only < full
     if backward:
-        for v in ("no-reduce", "no-dw"):
+        for v in ("no-reduce", "no-sum", "no-dw"):
             _cubin_bytes(fc.variant_source(source, v, "bfloat16", True), defines, tmp_path, v)
 
 
