@@ -433,8 +433,10 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
     const int r = tid / TPR;
     const int t = tid % TPR;
     const unsigned rank = cta_rank();
-    const long long groups = gridDim.x / CLUSTER;
-    const long long g = blockIdx.x / CLUSTER;
+    // 32-bit row indices (M < 2^31): at 32 registers per thread (2048 threads per SM) every
+    // register counts, and the 64-bit ones spilled
+    const unsigned groups = gridDim.x / CLUSTER;
+    const unsigned g = blockIdx.x / CLUSTER;
 
     const unsigned long long pol = load_policy();
     const unsigned long long keep = keep_policy(pol);
@@ -444,25 +446,25 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
     Vec* stage = dstage + r * smem_cap;
 
     int it = 0;
-    for (long long row0 = g * RPC; row0 < M; row0 += groups * RPC, ++it) {
-        const long long row = row0 + r;
-        const bool valid = row < M;
-        const char* xr = static_cast<const char*>(x) + (valid ? row : 0) * static_cast<long long>(N) * ESZ;
-        char* yr = static_cast<char*>(y) + (valid ? row : 0) * static_cast<long long>(N) * ESZ;
+    for (unsigned row0 = g * RPC; row0 < static_cast<unsigned>(M); row0 += groups * RPC, ++it) {
+        const unsigned row = row0 + r;
+        const bool valid = row < static_cast<unsigned>(M);
+        const long long rb = static_cast<long long>(valid ? row : 0u) * N;  // the row's first element
+        const char* xr = static_cast<const char*>(x) + rb * ESZ;
+        char* yr = static_cast<char*>(y) + rb * ESZ;
 
         // head (scalar) | nvec aligned vectors of E elements | tail (scalar)
         int head, nvec;
         const int ax = static_cast<int>(reinterpret_cast<unsigned long long>(xr) % VEC_BYTES);
         const int ay = static_cast<int>(reinterpret_cast<unsigned long long>(yr) % VEC_BYTES);
-        if (ax != ay || ax % ESZ != 0) {
-            head = N;
+        if (ax != ay || ax % ESZ != 0) {  // no vectors: the whole row is "tail"
+            head = 0;
             nvec = 0;
         } else {
             head = ax ? (VEC_BYTES - ax) / ESZ : 0;
             if (head > N) head = N;
             nvec = (N - head) / E;
         }
-        const int body_end = head + nvec * E;
         const int nscalar = N - nvec * E;  // head + tail
         const int vpc = (nvec + CLUSTER - 1) / CLUSTER;
         const int v0 = static_cast<int>(rank) * vpc;
@@ -471,10 +473,12 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
         const int nmine = t < nv_cta ? (nv_cta - 1 - t) / TPR + 1 : 0;
         const bool in_regs = STG == 0 && nv_cta <= TPR * MV;
         const bool in_smem = STG == 1 && nv_cta <= smem_cap;
-        const char* xv = xr + static_cast<long long>(head + (v0 + t) * E) * ESZ;  // this thread's first vector
-        char* yv = yr + static_cast<long long>(head + (v0 + t) * E) * ESZ;
-        const float* wv = w + head + (v0 + t) * E;
-        const long long vstride = static_cast<long long>(TPR) * E;  // elements between a thread's vectors
+        // this thread's k-th vector of x, y and w: element c0 + k * TPR * E of the row (offsets from
+        // the kernel's arguments rather than three 64-bit pointers held across the row)
+        const int c0 = head + (v0 + t) * E;
+        const auto xv = [&](int k) { return static_cast<const char*>(x) + (rb + c0 + k * TPR * E) * ESZ; };
+        const auto yv = [&](int k) { return static_cast<char*>(y) + (rb + c0 + k * TPR * E) * ESZ; };
+        const auto wv = [&](int k) { return w + c0 + k * TPR * E; };
 
         float acc = 0.f;
         Vec regs[MV];
@@ -482,7 +486,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
             if (in_regs) {
 #pragma unroll
                 for (int k = 0; k < MV; ++k)
-                    if (k < nmine) ld_vec(regs[k], xv + k * vstride * ESZ, pol);
+                    if (k < nmine) ld_vec(regs[k], xv(k), pol);
 #pragma unroll
                 for (int k = 0; k < MV; ++k)
                     if (k < nmine) acc += sumsq<DT>(regs[k]);
@@ -493,9 +497,9 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
                     for (int kk = 0; kk < MV; ++kk)
                         if (k0 + kk < nmine) {
                             if (in_smem)
-                                ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, pol);
+                                ld_vec(b[kk], xv(k0 + kk), pol);
                             else
-                                ld_vec_keep(b[kk], xv + (k0 + kk) * vstride * ESZ, keep);
+                                ld_vec_keep(b[kk], xv(k0 + kk), keep);
                         }
 #pragma unroll
                     for (int kk = 0; kk < MV; ++kk) {
@@ -507,7 +511,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
                 }
             }
             for (int s = static_cast<int>(rank) + CLUSTER * t; s < nscalar; s += CLUSTER * TPR) {
-                const int col = s < head ? s : s - head + body_end;
+                const int col = s < head ? s : s + nvec * E;  // head, then the tail after the vectors
                 const float v = scalar_to_float<DT>(xr, col);
                 acc = fmaf(v, v, acc);
             }
@@ -545,7 +549,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
             if (in_regs) {
 #pragma unroll
                 for (int k = 0; k < MV; ++k)
-                    if (k < nmine) norm_store<DT>(regs[k], wv + k * vstride, rstd, yv + k * vstride * ESZ);
+                    if (k < nmine) norm_store<DT>(regs[k], wv(k), rstd, yv(k));
             } else {
                 for (int k0 = 0; k0 < nmine; k0 += MV) {
                     Vec b[MV];
@@ -555,17 +559,17 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
                             if (in_smem)
                                 b[kk] = stage[(k0 + kk) * TPR + t];
                             else
-                                ld_vec(b[kk], xv + (k0 + kk) * vstride * ESZ, pol);
+                                ld_vec(b[kk], xv(k0 + kk), pol);
                         }
                     }
 #pragma unroll
                     for (int kk = 0; kk < MV; ++kk)
                         if (k0 + kk < nmine)
-                            norm_store<DT>(b[kk], wv + (k0 + kk) * vstride, rstd, yv + (k0 + kk) * vstride * ESZ);
+                            norm_store<DT>(b[kk], wv(k0 + kk), rstd, yv(k0 + kk));
                 }
             }
             for (int s = static_cast<int>(rank) + CLUSTER * t; s < nscalar; s += CLUSTER * TPR) {
-                const int col = s < head ? s : s - head + body_end;
+                const int col = s < head ? s : s + nvec * E;  // head, then the tail after the vectors
                 const float v = scalar_to_float<DT>(xr, col);
                 float_to_scalar<DT>(yr, col, (v * rstd) * __ldg(w + col));
             }

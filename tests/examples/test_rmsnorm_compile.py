@@ -57,7 +57,24 @@ def _corner_cases() -> list[dict]:
                     LOAD_HINT=5, STORE_HINT=1))
     out.append(dict(base, THREADS=1024, TPR=1024, MAX_VECS=2, VEC_BYTES=16, STAGE=2, CLUSTER=1, OCCUPANCY=0,
                     LOAD_HINT=0, STORE_HINT=0))
+    # STAGE 2 at 32 registers (2048 threads per SM): the lean form the occupancy rule admits
+    for threads, hint in ((1024, 5), (512, 0), (256, 4)):
+        out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=1,
+                        OCCUPANCY=2048 // threads, LOAD_HINT=hint, STORE_HINT=2, RSQRT_APPROX=0))
     return out
+
+
+@pytest.mark.parametrize("change", [{"TPR": 32}, {"LOAD_HINT": 2}], ids=["rows-per-cta", "ld-cg"])
+def test_lean_reread_rule_is_needed(tmp_path: Path, change: dict) -> None:
+    """What the 2048-thread STAGE 2 rule forbids (several rows per CTA, ld.global.cg) does spill."""
+    base = dict(make_forward_problem().seeds[0].params)
+    lean = dict(base, THREADS=1024, TPR=1024, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=1, OCCUPANCY=2,
+                LOAD_HINT=4, STORE_HINT=1)
+    space = forward_param_space()
+    assert space.is_valid(lean)
+    params = dict(lean, **change)
+    assert not space.is_valid(params)
+    assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(params), tmp_path)) > 0
 
 
 def test_forward_variants_compile_without_spills(tmp_path: Path) -> None:
