@@ -35,13 +35,12 @@ def emulate(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_o
                     continue
                 ax = (x_off + row * n * esz) % vb
                 ay = (y_off + row * n * esz) % vb
-                if ax != ay or ax % esz:
-                    head, nvec = n, 0
+                if ax != ay or ax % esz:  # no vectors: the whole row is "tail"
+                    head, nvec = 0, 0
                 else:
                     head = (vb - ax) // esz if ax else 0
                     head = min(head, n)
                     nvec = (n - head) // e
-                body_end = head + nvec * e
                 nscalar = n - nvec * e
                 vpc = -(-nvec // cluster)
                 acc_cols: list[int] = []
@@ -55,7 +54,7 @@ def emulate(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_o
                             acc_cols.extend(range(c, c + e))
                         s = rank + cluster * t
                         while s < nscalar:
-                            acc_cols.append(s if s < head else s - head + body_end)
+                            acc_cols.append(s if s < head else s + nvec * e)
                             s += cluster * tpr
                 cols = np.array(acc_cols, dtype=int)
                 xs = x[row].astype(np.float64)

@@ -33,9 +33,21 @@ def _load(cp, a, dtype: str):
     return a.astype(cp.float32)
 
 
-def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0) -> dict[str, float]:
-    """Launch ``genome`` on ``case``; return ||out-ref||/||ref|| per output (NaN-poisoned outputs)."""
+def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0,
+             offsets: dict[str, int] | None = None) -> dict[str, float]:
+    """Launch ``genome`` on ``case``; return ||out-ref||/||ref|| per output (NaN-poisoned outputs).
+
+    ``offsets``: buffers (by name) handed over as views that start that many elements into a
+    larger allocation, i.e. not 16-byte aligned (as a user's tensor slice may be)."""
     import cupy as cp
+
+    def shifted(name: str, buf):
+        o = (offsets or {}).get(name, 0)
+        if not o:
+            return buf
+        big = cp.empty(buf.size + o, dtype=buf.dtype)
+        big[o:] = buf
+        return big[o:]
 
     rng = np.random.default_rng(seed)
     raw = prob.make_inputs(case, rng, cp)
@@ -49,7 +61,7 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0) -> dict[s
             buf = cp.zeros(a.numel, dtype=cp.float32 if a.dtype == "float32" else cp.uint8)
         else:
             buf = _store(cp, cp.full(a.numel, cp.nan, dtype=cp.float32), a.dtype)
-        bufs.append(buf)
+        bufs.append(shifted(a.name, buf))
     ref = prob.reference(stored, case, cp)
     mod = cp.RawModule(code=genome.source, options=(*genome.defines(), "--std=c++17"))
     kern = mod.get_function(genome.entry)
@@ -79,11 +91,11 @@ SMALL = [{"M": 1, "N": 1}, {"M": 3, "N": 7}, {"M": 17, "N": 1000}, {"M": 6, "N":
 DTYPES = ["bfloat16", "float16", "float32"]
 
 
-def _check(prob: Problem, genome: Genome, shapes=SMALL) -> None:
+def _check(prob: Problem, genome: Genome, shapes=SMALL, offsets: dict[str, int] | None = None) -> None:
     for shape in shapes:
         for dt in DTYPES:
             case = Case(shape, dt)
-            errs = run_case(prob, genome, case)
+            errs = run_case(prob, genome, case, offsets=offsets)
             for name, e in errs.items():
                 assert e <= prob.tolerances[dt], f"{genome.params} {case.key} {name}: rel err {e:.3g}"
 
@@ -133,17 +145,36 @@ def test_forward_rowtile_sampled(cuda_device) -> None:
 @pytest.mark.parametrize("hint", [4, 5])
 def test_forward_two_pass_policy(cuda_device, hint: int) -> None:
     """LOAD_HINT 4 (first read evict_last, second evict_first) and 5 (the same in L1 too) on the
-    paths that read a row twice: STAGE 2 with a CTA (512 and 1024 threads) and with a 4-CTA
-    cluster per row, STAGE 0 and 3 falling back to it."""
+    paths that read a row twice: STAGE 2 with a CTA (512 and 1024 threads, the latter also at 32
+    registers, two CTAs per SM) and with a 4-CTA cluster per row, STAGE 0 and 3 falling back to it."""
     prob = make_forward_problem()
     base = dict(prob.seeds[0].params, LOAD_HINT=hint, STORE_HINT=1, VEC_BYTES=16)
     for p in (dict(base, THREADS=512, TPR=512, STAGE=2, MAX_VECS=1, OCCUPANCY=2),
               dict(base, THREADS=1024, TPR=1024, STAGE=2, MAX_VECS=2, OCCUPANCY=0),
+              dict(base, THREADS=1024, TPR=1024, STAGE=2, MAX_VECS=1, OCCUPANCY=2),  # 32 registers
               dict(base, THREADS=512, TPR=512, STAGE=2, MAX_VECS=2, CLUSTER=4, OCCUPANCY=2),
               dict(base, THREADS=128, TPR=32, STAGE=0, MAX_VECS=1),
               dict(base, THREADS=128, TPR=128, STAGE=3, MAX_VECS=4, CLUSTER=8, PIPE=1, TILE_ROWS=1)):
         assert prob.params.is_valid(p), p
         _check(prob, prob.seeds[0].with_params(**p), SMALL + [{"M": 9, "N": 32768}])
+
+
+@pytest.mark.parametrize("offsets", [{"x": 1, "y": 3}, {"x": 1, "y": 1}, {"x": 0, "y": 2}],
+                         ids=["x-y-differ", "x-y-alike", "y-only"])
+def test_forward_misaligned_views(cuda_device, offsets: dict[str, int]) -> None:
+    """x and y views that start off the 16-byte grid (elements into an allocation): alike, the rows
+    take the scalar head, vector body and tail; differently, every element the scalar path."""
+    prob = make_forward_problem()
+    for g in prob.seeds:
+        _check(prob, g, SMALL[:6] + [{"M": 9, "N": 32768}], offsets=offsets)
+
+
+def test_backward_misaligned_views(cuda_device) -> None:
+    """The backward seeds with x, dy and dx views off the 16-byte grid (the element-access path)."""
+    prob = make_backward_problem()
+    for g in prob.seeds:
+        _check(prob, g, [{"M": 3, "N": 7}, {"M": 17, "N": 1000}, {"M": 40, "N": 1024}],
+               offsets={"x": 1, "dy": 2, "dx": 3})
 
 
 def test_forward_timed_shape_sample(cuda_device) -> None:
