@@ -54,7 +54,8 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
     Returns:
         One dict per case key, in key order: ``case``, ``time_ms``, ``fraction`` (of the
         ceiling, when the record has it), ``id``, ``operator``, ``evaluation`` (1-based
-        insertion order), ``seed`` (whether a seed operator made it), ``steps`` (None here;
+        insertion order), ``seed`` (whether a seed operator made it), ``params`` (the
+        genome's params), ``steps`` (None here;
         :func:`write_report` fills in the operator steps from its seed), ``seed_ms`` (the
         fastest seed's time on that case, or None) and ``speedup``
         (``seed_ms / time_ms``, or None). Seeds are the records of the operators
@@ -74,7 +75,7 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
         seed_ms = time_of(seeds[key], key)[0] if key in seeds else None
         out.append({"case": key, "time_ms": t, "fraction": frac, "id": rec.id, "operator": rec.operator,
                     "evaluation": rec.seq + 1 if rec.seq >= 0 else None, "seed": rec.operator in SEED_OPERATORS,
-                    "steps": None, "seed_ms": seed_ms,
+                    "params": dict(rec.genome.params), "steps": None, "seed_ms": seed_ms,
                     "speedup": seed_ms / t if seed_ms is not None else None})
     return out
 
@@ -384,7 +385,7 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
             md.append(f"| {c['case']} | {_g(c['time_ms'])} | {_g(c['fraction'], '.1%')} | `{c['id'][:12]}` | "
                       f"{c['operator']} | {_g(c['evaluation'])} | {_g(c['steps'])} | "
                       f"{_g(c['speedup'], '.3f')}{'x' if c['speedup'] is not None else ''} |")
-        md.append("")
+        md += ["", *_champion_genomes(champions), ""]
     else:
         md += ["No per-case metrics (the run was not timed on a GPU).", ""]
 
@@ -429,6 +430,21 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
     path = out / "report.md"
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
     return path
+
+
+def _champion_genomes(champions: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Markdown rows: each distinct champion genome, the cases it wins and its params (so a
+    genome found once can be written down, e.g. as a seed, even after its archive is gone)."""
+    wins: dict[str, list[str]] = {}
+    params: dict[str, Mapping[str, Any]] = {}
+    for c in champions:
+        wins.setdefault(c["id"], []).append(c["case"])
+        params[c["id"]] = c.get("params") or {}
+    rows = ["| genome | cases won | params |", "| --- | ---: | --- |"]
+    for gid, cases in sorted(wins.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        text = ", ".join(f"{k}={v}" for k, v in params[gid].items()).replace("|", "/")
+        rows.append(f"| `{gid[:12]}` | {len(cases)} | {text} |")
+    return rows
 
 
 def _problem_name(header: Mapping[str, Any]) -> str:

@@ -90,6 +90,9 @@ def test_report_per_case_champions_say_where_each_came_from(tmp_path: Path) -> N
     # N=1000: the grandchild, 4th evaluation, two steps from the seed, 4x the seed's time
     assert f"| N=1000:float32 | 0.005 | 200.0% | `{grandchild.id[:12]}` | param_crossover | 4 | 2 | 4.000x |" in text
     assert f"| N=4096:float32 | 0.01 | 100.0% | `{seed.id[:12]}` | seed | 1 | 0 | 1.000x |" in text
+    # every champion genome once, with its params
+    assert f"| `{grandchild.id[:12]}` | 1 | UNROLL=2, VEC=4, THREADS=128 |" in text
+    assert f"| `{seed.id[:12]}` | 1 | UNROLL=1, VEC=2, THREADS=128 |" in text
 
 
 def test_case_champions_without_seeds_or_lineage() -> None:
@@ -100,6 +103,7 @@ def test_case_champions_without_seeds_or_lineage() -> None:
     assert c["case"] == "c" and c["time_ms"] == 2.0 and c["id"] == g.id and not c["seed"]
     assert c["seed_ms"] is None and c["speedup"] is None and c["steps"] is None and c["fraction"] is None
     assert c["evaluation"] is None  # never stored, so no insertion order
+    assert c["params"] == {"A": 1}
     assert case_champions([]) == []
 
 
