@@ -69,3 +69,23 @@ def test_import_dispatch_loads_the_module_at_a_path(tmp_path: Path) -> None:
     mod_path.write_text("GENOMES = [{'case': 'M=1,N=8:float32'}]\n\ndef select(shape, dtype):\n    return GENOMES[0]\n")
     mod = rmsnorm_peers.import_dispatch(mod_path)
     assert mod.select({"M": 1, "N": 8}, "float32") == {"case": "M=1,N=8:float32"}
+
+
+@pytest.mark.gpu
+def test_torch_compile_providers_weight_dtypes() -> None:
+    """torch.compile gets the weights cast to the input's dtype (as users run it) and, as
+    "torch.compile fp32 w", the float32 weights ours reads; both compute the RMSNorm."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    provs = rmsnorm_peers.providers(None)
+    x = torch.randn(64, 1024, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(1024, device="cuda", dtype=torch.float32)
+    xf = x.float()
+    ref = xf * torch.rsqrt(xf.pow(2).mean(dim=1, keepdim=True) + rmsnorm_peers.EPS) * w
+    for name in ("torch.compile", "torch.compile fp32 w"):
+        y = provs[name](x, w)()
+        assert y.dtype == torch.bfloat16 and y.shape == x.shape
+        err = float((y.float() - ref).norm() / ref.norm())
+        assert err < 1e-2, (name, err)
+    assert "torch.compile fp32 w" not in rmsnorm_peers.providers_backward(None)
