@@ -115,6 +115,10 @@ class EngineConfig:
         dollars_per_unit: LLM spend that counts as one unit of cost (an operator's
             ``cost_weight`` is in units).
         warm_start_elites: Elites of a warm-start archive re-evaluated as seeds.
+        warm_start_champions: Also re-evaluate the warm-start archive's per-case champions
+            (the fastest record of each timed case, what its export dispatches): a genome
+            that wins one case often has a modest overall fitness and loses its cell, so
+            the elites alone miss it.
         failed_parents: Recent failed records kept as parents for repair operators.
         max_attempts: Operator calls per requested candidate before ``ask`` gives up.
         max_executor_errors: Consecutive executor exceptions (harness faults, not
@@ -159,6 +163,7 @@ class EngineConfig:
     repair_reward: float = 0.5
     dollars_per_unit: float = 0.01
     warm_start_elites: int = 16
+    warm_start_champions: bool = True
     failed_parents: int = 32
     max_attempts: int = 8
     max_executor_errors: int = 5
@@ -382,7 +387,8 @@ class Engine:
         config: Engine settings.
         seed: Seed of the engine's RNG (selection and the operators' RNG streams).
         warm_start: An archive (or its path) of another run (other shapes or GPU): its
-            elites are re-evaluated here as seeds and its lessons are copied (once).
+            elites (and per-case champions, see ``EngineConfig.warm_start_champions``) are
+            re-evaluated here as seeds and its lessons are copied (once).
 
     If the archive holds engine state from an earlier session, the engine resumes it:
     counters, RNG stream, bandit, islands; pending candidates are evaluated again unless
@@ -1101,22 +1107,33 @@ class Engine:
         src = archive_pkg.Archive.open_readonly(source) if isinstance(source, (str, os.PathLike)) else source
         try:
             elites = sorted((r for r in src.elites() if r.fitness is not None), key=lambda r: -r.fitness)
-            name = (getattr(src, "header", {}) or {}).get("problem", {})
-            queued = 0
+            name = _problem_name((getattr(src, "header", {}) or {}).get("problem", {}))
+            picks: dict[str, tuple[Any, list[str]]] = {}  # genome id -> (record, cases it wins)
             for r in elites[: self.config.warm_start_elites]:
+                picks.setdefault(r.genome.id, (r, []))
+            if self.config.warm_start_champions:
+                from evo.export import best_per_case
+
+                for case, r in best_per_case(src).items():
+                    picks.setdefault(r.genome.id, (r, []))[1].append(case)
+            queued = 0
+            for r, cases in picks.values():
                 bad = self.problem.params.violations(r.genome.params)
                 if bad:
                     log.info("warm start: skipping %s (%s)", r.id[:12], "; ".join(bad))
                     continue
+                origin: dict[str, Any] = {"source_id": r.id, "source_fitness": r.fitness, "source_problem": name}
+                if cases:
+                    origin["champion_of"] = cases
                 self._seed_queue.append({"genome": r.genome.to_dict(), "operator": "warm_start",
-                                         "meta": {"warm_start": {"source_id": r.id, "source_fitness": r.fitness,
-                                                                 "source_problem": _problem_name(name)}}})
+                                         "meta": {"warm_start": origin}})
                 queued += 1
             copied = 0
             for lesson in src.lessons.all():
                 self.archive.lessons.append(lesson.replace(seq=-1))
                 copied += 1
-            log.info("warm start: %d elites queued for re-evaluation, %d lessons copied", queued, copied)
+            log.info("warm start: %d genomes (elites, per-case champions) queued for re-evaluation, %d lessons "
+                     "copied", queued, copied)
             self._warm_started = True
         finally:
             if src is not source:

@@ -5,6 +5,7 @@ Usage::
     python examples/rmsnorm_h100.py --minutes 5 --archive runs/rmsnorm_h100.lmdb
     python examples/rmsnorm_h100.py --quick --evaluations 50
     python examples/rmsnorm_h100.py --backward --minutes 3     # dx and dw instead
+    python examples/rmsnorm_h100.py --archive runs/new.lmdb --warm-start runs/rmsnorm_h100.lmdb
 
 On a machine without a usable GPU it stops at once with exit code 2. After the search it
 prints, per timed case, the best record found against torch.nn.functional.rms_norm and
@@ -164,9 +165,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-compare", action="store_true", help="skip the torch comparison")
     ap.add_argument("--no-racing", action="store_true", help="time every case of every candidate in full "
                     "(default: a case far slower than its best so far stops after 3 batches)")
+    ap.add_argument("--warm-start", default=None, metavar="ARCHIVE",
+                    help="an earlier run's archive (e.g. before the kernel family changed): its elites and "
+                    "per-case champions are re-evaluated first, as seeds, and its lessons copied (once)")
     ap.add_argument("--compare-dtypes", default="bfloat16,float16,float32",
                     help="dtypes compared against torch (torch.compile compiles once per case)")
     args = ap.parse_args(argv)
+    if args.warm_start is not None:  # a clear error now, not after the GPU is set up
+        import archive
+
+        try:
+            archive.Archive.open_readonly(args.warm_start).close()
+        except archive.ArchiveError as e:
+            print(f"rmsnorm_h100: --warm-start {args.warm_start}: {e}", file=sys.stderr)
+            return 2
 
     ok, why = gpu_available()
     if not ok:
@@ -195,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     arch = archive.Archive(problem, args.archive)
     try:
         engine = Engine(problem, arch, evaluator=evaluator, llm=llm, seed=args.seed,
-                        config=EngineConfig(racing=not args.no_racing))
+                        config=EngineConfig(racing=not args.no_racing), warm_start=args.warm_start)
         best = engine.run(Budget(seconds=args.minutes * 60, evaluations=args.evaluations))
         if best is None:
             print("no correct kernel found; see the archive's failure records", file=sys.stderr)

@@ -15,7 +15,7 @@ import pytest
 
 from archive import AddStatus, Archive
 from evo.engine import Budget, Candidate, Engine, EngineConfig, EngineError, EngineStateError
-from evo.types import Evaluation, Record, Status
+from evo.types import Evaluation, Genome, Record, Status
 from operators import OperatorContext, OperatorError, ParamMutation, Proposal
 from tests.evo.cpu_problem import ParamsExecutor, make_problem, seed_genome
 
@@ -357,3 +357,42 @@ def test_archive_object_is_not_closed_by_engine(problem, tmp_path: Path) -> None
     ev = Evaluation(Status.OK, fitness=1.0)
     assert ev.ok
     arch.close()
+
+
+def test_warm_start_brings_per_case_champions_the_elites_miss(tmp_path: Path) -> None:
+    """A genome fastest on one case but beaten in its cell (so not an elite) is re-evaluated too,
+    with the cases it won; ``warm_start_champions=False`` leaves it out."""
+    from archive import Archive
+
+    problem = make_problem()
+    src = Archive(problem, str(tmp_path / "src"))
+    base = seed_genome()
+    best = base.with_params(UNROLL=2)
+    niche = base.with_params(UNROLL=4)  # same cell as best (VEC and registers alike), lower fitness
+
+    def rec(g: Genome, fitness: float, times: dict[str, float]) -> Record:
+        cases = {k: {"time_ms": t} for k, t in times.items()}
+        ev = Evaluation(Status.OK, fitness=fitness, metrics={"cases": cases}, resources={"registers": 32})
+        return Record(g, ev, operator="param_mutation")
+
+    src.add(rec(best, 0.9, {"N=1000:float32": 0.01, "N=4096:float32": 0.02}))
+    src.add(rec(niche, 0.5, {"N=1000:float32": 0.05, "N=4096:float32": 0.015}))
+    assert {r.genome.id for r in src.elites()} == {best.id}
+    src.close()
+
+    dst_problem = make_problem("cpu_axpy_big", check_shapes=({"N": 100000},), seeds=())
+    cfg = EngineConfig(islands=1, warm_start_elites=1)
+    with Engine(dst_problem, str(tmp_path / "dst"), evaluator=ParamsExecutor(), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        eng.run(Budget(evaluations=2), progress=False)
+        warm = {r.genome.id: r.meta["warm_start"] for r in eng.archive.records() if r.operator == "warm_start"}
+    assert set(warm) == {best.id, niche.id}
+    assert warm[best.id]["champion_of"] == ["N=1000:float32"]
+    assert warm[niche.id]["champion_of"] == ["N=4096:float32"] and warm[niche.id]["source_fitness"] == 0.5
+
+    cfg = EngineConfig(islands=1, warm_start_elites=1, warm_start_champions=False)
+    with Engine(dst_problem, str(tmp_path / "dst2"), evaluator=ParamsExecutor(), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        eng.run(Budget(evaluations=2), progress=False)
+        (only,) = [r for r in eng.archive.records() if r.operator == "warm_start"]
+        assert only.genome.id == best.id and "champion_of" not in only.meta["warm_start"]

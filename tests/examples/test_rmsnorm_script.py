@@ -72,3 +72,17 @@ def test_torch_reference_backward_matches_the_problem_reference() -> None:
     dx, dw = rmsnorm_backward_torch(t["x"].reshape(7, 33), t["w"], t["dy"].reshape(7, 33), t["rstd"])
     assert np.allclose(dx.numpy().reshape(-1), want["dx"], rtol=1e-4, atol=1e-5)
     assert np.allclose(dw.numpy(), want["dw"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("what", ["missing", "not-an-archive"])
+def test_warm_start_that_is_not_an_archive_is_a_clear_error(tmp_path: Path, what: str) -> None:
+    src = tmp_path / "old.lmdb"
+    if what == "not-an-archive":
+        src.mkdir()
+        (src / "data.mdb").write_text("not lmdb")
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "rmsnorm_h100.py"), "--archive",
+                        str(tmp_path / "a.lmdb"), "--warm-start", str(src)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"--warm-start {src}" in r.stderr
+    assert not (tmp_path / "a.lmdb").exists()
