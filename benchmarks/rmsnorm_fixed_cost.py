@@ -55,7 +55,6 @@ import rmsnorm_peers  # noqa: E402
 
 ROWS_32K = 32768
 VARIANTS = ("full", "dtype-only", "no-reduce", "no-sum", "no-dw")
-BACKWARD_ONLY = ("no-reduce", "no-sum", "no-dw")
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 # if (dtype_code == 0) f<0, T>(args); else if (dtype_code == 1) f<1, T>(args); else f<2, T>(args);
@@ -63,10 +62,16 @@ _DISPATCH = re.compile(
     r"if \(dtype_code == 0\)\s*(?P<f>\w+)<0(?P<t>[^<>]*)>\((?P<a>[^;]*)\);\s*"
     r"else if \(dtype_code == 1\)\s*(?P=f)<1(?P=t)>\((?P=a)\);\s*"
     r"else\s*(?P=f)<2(?P=t)>\((?P=a)\);")
-_NO_REDUCE = ("    if (t < G - K) return;\n", "    return;\n")
-_NO_SUM = ("    for (int j0 = lo; j0 < hi; j0 += L) {\n", "    for (int j0 = hi; j0 < hi; j0 += L) {\n")
-_NO_DW = ("    if (use_smem) {\n        __syncthreads();\n        for (int j = threadIdx.x; j < N; j += THREADS) "
-          "mine[j] = sdw[j];",)
+_PUBLISH = ("    if (use_smem) {\n        __syncthreads();\n        for (int j = threadIdx.x; j < N; j += THREADS) "
+            "mine[j] = sdw[j];")
+# backward variant -> (code it looks for, what replaces it, how the error names that code)
+_EDITS = {
+    "no-reduce": ("    if (t < G - K) return;\n", "    return;\n", "the reducers' 'if (t < G - K) return;'"),
+    "no-sum": ("    for (int j0 = lo; j0 < hi; j0 += L) {\n", "    for (int j0 = hi; j0 < hi; j0 += L) {\n",
+               "the reducers' column loop 'for (int j0 = lo; j0 < hi; j0 += L)'"),
+    "no-dw": (_PUBLISH, "    return;\n" + _PUBLISH, "the publication of the partial row ('mine[j] = sdw[j]')"),
+}
+BACKWARD_ONLY = tuple(_EDITS)
 
 
 def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str:
@@ -89,21 +94,10 @@ def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str
             raise ValueError("dtype-only: no 'if (dtype_code == 0) f<0>(...); else if ... else f<2>(...);' "
                              "dispatch found in the source")
         return out
-    if variant == "no-reduce":
-        old, new = _NO_REDUCE
-        if old not in source:
-            raise ValueError("no-reduce: the reducers' 'if (t < G - K) return;' is not in the source")
-        return source.replace(old, new, 1)
-    if variant == "no-sum":
-        old, new = _NO_SUM
-        if old not in source:
-            raise ValueError("no-sum: the reducers' column loop 'for (int j0 = lo; j0 < hi; j0 += L)' is not in "
-                             "the source")
-        return source.replace(old, new, 1)
-    (old,) = _NO_DW
+    old, new, what = _EDITS[variant]
     if old not in source:
-        raise ValueError("no-dw: the publication of the partial row ('mine[j] = sdw[j]') is not in the source")
-    return source.replace(old, "    return;\n" + old, 1)
+        raise ValueError(f"{variant}: {what} is not in the source")
+    return source.replace(old, new, 1)
 
 
 def genome_from_params(problem: Any, text: str) -> dict[str, Any]:
