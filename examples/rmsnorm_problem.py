@@ -449,7 +449,8 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 4, "WSMEM": 0},
     # STAGE 2, 64 KB rows (16-bit 32K): two CTAs of 1024 threads per SM at 32 registers, two rows per
-    # SM's L1 (bf16/fp16 32K 0.947/0.946 of copy against 0.930/0.935 for 2 x 512 threads, one sweep)
+    # SM's L1 (bf16/fp16 32K 0.934/0.936 of copy against 0.929/0.935 for 2 x 512 threads in the same
+    # sweep, rmsnorm_sweep-2026-12-03-lean.md: a start for the search, not yet a gain)
     {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 2, "WSMEM": 0},
 )
@@ -463,8 +464,9 @@ STAGE 2 seeds are what the best long-row variants of that sweep ran: STAGE 3 gen
 weight slice (WSMEM) left no room for a row buffer, so the kernel took its STAGE 2 path with
 one load per batch (the same code and launch as these genomes). The last two (N = 128K and
 256K) come from a sweep of 2026-12-03 (``rmsnorm_sweep-2026-12-03-long.md``): 0.81 and 0.78
-of copy there, against 0.73 and 0.72 for the STAGE 2 seeds in the same run. The last three
-(STAGE 2 sized so the rows of an SM fit its L1) come from ``rmsnorm_sweep-2026-12-03-l1.md``."""
+of copy there, against 0.73 and 0.72 for the STAGE 2 seeds in the same run. The next three
+(STAGE 2 sized so the rows of an SM fit its L1) come from ``rmsnorm_sweep-2026-12-03-l1.md``, the
+last (two 1024-thread CTAs per SM at 32 registers) from ``rmsnorm_sweep-2026-12-03-lean.md``."""
 
 
 def forward_source() -> str:
