@@ -228,6 +228,12 @@ __device__ __forceinline__ void st_vec(void* p, const Vec& v) {
 
 // ----------------------------------------------------------------------------- dtypes
 
+// A compile-time bool as a value (selects a template instance from a runtime test once).
+template <bool B>
+struct BoolC {
+    static constexpr bool value = B;
+};
+
 // DT: 0 float32, 1 float16, 2 bfloat16
 template <int DT>
 struct ES {
@@ -285,11 +291,12 @@ __device__ __forceinline__ void pack(Vec& v, const float* f) {
     }
 }
 
-// E consecutive fp32 weights starting at p, with the widest aligned loads.
-template <int E>
+// E consecutive fp32 weights starting at p, with the widest aligned loads; A16: the caller
+// knows p is 16-byte aligned (no per-call check; E % 4 == 0).
+template <int E, bool A16 = false>
 __device__ __forceinline__ void load_w(const float* p, float* f) {
     const unsigned long long a = reinterpret_cast<unsigned long long>(p);
-    if (E % 4 == 0 && (a & 15) == 0) {
+    if (E % 4 == 0 && (A16 || (a & 15) == 0)) {
 #pragma unroll
         for (int i = 0; i < E; i += 4) {
             float4 q = __ldg(reinterpret_cast<const float4*>(p + i));
@@ -368,15 +375,16 @@ __device__ __forceinline__ void norm_store_g(const Vec& xv, const float* g, floa
     st_vec(dst, o);
 }
 
-// y = x * rstd * w for one vector; SW: w points into shared memory (WSMEM), else global.
-template <int DT, bool SW = false>
+// y = x * rstd * w for one vector; SW: w points into shared memory (WSMEM), else global;
+// A16: w is known to be 16-byte aligned (see load_w).
+template <int DT, bool SW = false, bool A16 = false>
 __device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float rstd, char* dst) {
     constexpr int E = VEC_BYTES / ES<DT>::value;
     float g[E];
     if (SW)
         load_w_shared<E>(w, g);
     else
-        load_w<E>(w, g);
+        load_w<E, A16>(w, g);
     norm_store_g<DT>(xv, g, rstd, dst);
 }
 
@@ -473,12 +481,20 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
         const int nmine = t < nv_cta ? (nv_cta - 1 - t) / TPR + 1 : 0;
         const bool in_regs = STG == 0 && nv_cta <= TPR * MV;
         const bool in_smem = STG == 1 && nv_cta <= smem_cap;
-        // this thread's k-th vector of x, y and w: element c0 + k * TPR * E of the row (offsets from
-        // the kernel's arguments rather than three 64-bit pointers held across the row)
+        // this thread's k-th vector of x, y and w: element c0 + k * TPR * E of the row, as the
+        // thread's first vector plus a 32-bit offset (one wide multiply-add per address; the byte
+        // offset within a row fits 32 bits). The first vectors are formed from the kernel's
+        // arguments where used rather than held as three 64-bit pointers across the row.
         const int c0 = head + (v0 + t) * E;
-        const auto xv = [&](int k) { return static_cast<const char*>(x) + (rb + c0 + k * TPR * E) * ESZ; };
-        const auto yv = [&](int k) { return static_cast<char*>(y) + (rb + c0 + k * TPR * E) * ESZ; };
-        const auto wv = [&](int k) { return w + c0 + k * TPR * E; };
+        constexpr int KSTEP = TPR * VEC_BYTES;  // bytes between a thread's consecutive vectors
+        const char* const xt = static_cast<const char*>(x) + (rb + c0) * ESZ;
+        char* const yt = static_cast<char*>(y) + (rb + c0) * ESZ;
+        const auto xv = [&](int k) { return xt + k * KSTEP; };
+        const auto yv = [&](int k) { return yt + k * KSTEP; };
+        const auto wv = [&](int k) { return w + c0 + k * (TPR * E); };
+        // the weights of every vector of this thread are 16-byte aligned when the first one is
+        // (the step, TPR * E floats, is a multiple of 4 when E is): checked once per row
+        const bool wa16 = E % 4 == 0 && (reinterpret_cast<unsigned long long>(w + c0) & 15) == 0;
 
         float acc = 0.f;
         Vec regs[MV];
@@ -551,22 +567,32 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
                 for (int k = 0; k < MV; ++k)
                     if (k < nmine) norm_store<DT>(regs[k], wv(k), rstd, yv(k));
             } else {
-                for (int k0 = 0; k0 < nmine; k0 += MV) {
-                    Vec b[MV];
+                // STAGE 2 with one vector per batch (whose every row takes this loop, one check per
+                // vector): one loop per weight alignment, so the aligned one checks nothing per
+                // vector. Elsewhere one loop: a second copy costs registers (spills at 64 per
+                // thread for STAGE 0 with two vectors per batch, STAGE 2 with a cluster and two)
+                const auto second = [&](auto a16) {
+                    for (int k0 = 0; k0 < nmine; k0 += MV) {
+                        Vec b[MV];
 #pragma unroll
-                    for (int kk = 0; kk < MV; ++kk) {
-                        if (k0 + kk < nmine) {
-                            if (in_smem)
-                                b[kk] = stage[(k0 + kk) * TPR + t];
-                            else
-                                ld_vec(b[kk], xv(k0 + kk), pol);
+                        for (int kk = 0; kk < MV; ++kk) {
+                            if (k0 + kk < nmine) {
+                                if (in_smem)
+                                    b[kk] = stage[(k0 + kk) * TPR + t];
+                                else
+                                    ld_vec(b[kk], xv(k0 + kk), pol);
+                            }
                         }
-                    }
 #pragma unroll
-                    for (int kk = 0; kk < MV; ++kk)
-                        if (k0 + kk < nmine)
-                            norm_store<DT>(b[kk], wv(k0 + kk), rstd, yv(k0 + kk));
-                }
+                        for (int kk = 0; kk < MV; ++kk)
+                            if (k0 + kk < nmine)
+                                norm_store<DT, false, decltype(a16)::value>(b[kk], wv(k0 + kk), rstd, yv(k0 + kk));
+                    }
+                };
+                if (STG == 2 && MV == 1 && wa16)
+                    second(BoolC<true>{});
+                else
+                    second(BoolC<false>{});
             }
             for (int s = static_cast<int>(rank) + CLUSTER * t; s < nscalar; s += CLUSTER * TPR) {
                 const int col = s < head ? s : s + nvec * E;  // head, then the tail after the vectors
