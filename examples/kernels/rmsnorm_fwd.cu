@@ -388,6 +388,23 @@ __device__ __forceinline__ void norm_store(const Vec& xv, const float* w, float 
     norm_store_g<DT>(xv, g, rstd, dst);
 }
 
+#if TPR > 32
+// The sum over row r's TPR / 32 warps of each warp's total `acc` (the same in every lane of a
+// warp), through `rb` (WARPS floats in shared memory, this row's buffer of two): each lane reads
+// one warp's partial (lane % WPR) and a butterfly over WPR lanes adds them, so every lane holds
+// the sum after one load and log2(WPR) shuffles (instead of WPR loads and adds per thread).
+__device__ __forceinline__ float warps_sum(float acc, float* rb, int r) {
+    constexpr int WPR = TPR / 32;
+    const int tid = threadIdx.x;
+    if ((tid & 31) == 0) rb[tid / 32] = acc;
+    __syncthreads();
+    float s = rb[r * WPR + (tid & (WPR - 1))];
+#pragma unroll
+    for (int off = WPR / 2; off > 0; off >>= 1) s += shfl_bfly(s, off);
+    return s;
+}
+#endif
+
 // 1 / sqrt(ms): rsqrt.approx.ftz.f32 or the precise form (RSQRT_APPROX).
 __device__ __forceinline__ float rsqrt_of(float ms) {
 #if RSQRT_APPROX
@@ -537,15 +554,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
 #pragma unroll
         for (int off = (TPR < 32 ? TPR : 32) / 2; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
 #if TPR > 32
-        {
-            constexpr int WPR = TPR / 32;
-            float* rb = red + (it & 1) * WARPS;
-            if ((tid & 31) == 0) rb[tid / 32] = acc;
-            __syncthreads();
-            acc = 0.f;
-#pragma unroll
-            for (int i = 0; i < WPR; ++i) acc += rb[r * WPR + i];
-        }
+        acc = warps_sum(acc, red + (it & 1) * WARPS, r);
 #endif
 #if CLUSTER > 1
         {
@@ -854,16 +863,8 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
 #pragma unroll
             for (int off = (TPR < 32 ? TPR : 32) / 2; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
 #if TPR > 32
-            {
-                constexpr int WPR = TPR / 32;
-                float* rb = red + (rc & 1) * WARPS;
-                if ((tid & 31) == 0) rb[tid / 32] = acc;
-                __syncthreads();
-                acc = 0.f;
-#pragma unroll
-                for (int i = 0; i < WPR; ++i) acc += rb[r * WPR + i];
-                ++rc;
-            }
+            acc = warps_sum(acc, red + (rc & 1) * WARPS, r);
+            ++rc;
 #endif
 #if CLUSTER == 1
             const float ms = fmaf(acc, inv_n, eps);

@@ -64,7 +64,8 @@ def _corner_cases() -> list[dict]:
     return out
 
 
-@pytest.mark.parametrize("change", [{"TPR": 32}, {"LOAD_HINT": 2}], ids=["rows-per-cta", "ld-cg"])
+@pytest.mark.parametrize("change", [{"TPR": 32}, {"LOAD_HINT": 2, "THREADS": 256, "TPR": 256, "OCCUPANCY": 8}],
+                         ids=["rows-per-cta", "ld-cg"])
 def test_lean_reread_rule_is_needed(tmp_path: Path, change: dict) -> None:
     """What the 2048-thread STAGE 2 rule forbids (several rows per CTA, ld.global.cg) does spill."""
     base = dict(make_forward_problem().seeds[0].params)
