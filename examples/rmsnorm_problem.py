@@ -306,9 +306,10 @@ def _lean_reread(p: Mapping[str, Any]) -> bool:
     """STAGE 2 at 32 registers (2048 threads per SM) without spills: one row per CTA, one 16-byte
     load per batch, no cluster, any load hint but ld.global.cg (ptxas, nvcc 13.0, sm_90a: several
     rows per CTA spill, and ld.global.cg spills 8 bytes at 256 and 512 threads though not at 1024;
-    tests/examples/test_rmsnorm_compile.py)."""
+    tests/examples/test_rmsnorm_compile.py); without PREFETCH (its second vector spills there)."""
     return (int(p["STAGE"]) == 2 and int(p["MAX_VECS"]) == 1 and int(p["VEC_BYTES"]) == 16
-            and int(p["CLUSTER"]) == 1 and int(p["TPR"]) == int(p["THREADS"]) and int(p["LOAD_HINT"]) != 2)
+            and int(p["CLUSTER"]) == 1 and int(p["TPR"]) == int(p["THREADS"]) and int(p["LOAD_HINT"]) != 2
+            and int(p.get("PREFETCH", 0)) == 0)
 
 
 def _c_occupancy(p: Mapping[str, Any]) -> bool:
@@ -335,6 +336,10 @@ def _a_pipeline(p: Mapping[str, Any]) -> bool:
     return int(p["STAGE"]) == 3
 
 
+def _a_prefetch(p: Mapping[str, Any]) -> bool:
+    return int(p["STAGE"]) == 2 and int(p["MAX_VECS"]) == 1
+
+
 def _a_row_tiles(p: Mapping[str, Any]) -> bool:
     return int(p["STAGE"]) in (3, 4)
 
@@ -357,6 +362,7 @@ def forward_param_space() -> ParamSpace:
             "TILE_ROWS": Choice([1, 2, 4, 8, 16, 32, 64]),
             "OCCUPANCY": Choice([0, 2, 4, 8]),
             "WSMEM": Choice([0, 1]),
+            "PREFETCH": Choice([0, 1]),
         },
         constraints=(
             Constraint("TPR (threads per row) divides THREADS", _c_tpr_divides),
@@ -369,7 +375,8 @@ def forward_param_space() -> ParamSpace:
             Constraint("OCCUPANCY > 0: OCCUPANCY * THREADS <= 1024 (64 registers per thread or more) and, "
                        "outside STAGE 3, MAX_VECS * VEC_BYTES <= 32 (a larger register tile spills at 64); or "
                        "OCCUPANCY * THREADS == 2048 (32 registers) with STAGE 2, MAX_VECS 1, VEC_BYTES 16, "
-                       "CLUSTER 1, TPR == THREADS and LOAD_HINT != 2 (the one STAGE 2 form that does not spill there)",
+                       "CLUSTER 1, TPR == THREADS, LOAD_HINT != 2 and PREFETCH 0 (the one STAGE 2 form that does not "
+                       "spill there)",
                        _c_occupancy),
             Constraint("STAGE 4: CLUSTER 1, TPR <= 32, and TILE_ROWS * MAX_VECS * VEC_BYTES * 3/8 + 40 registers "
                        "within 65536 / (max(OCCUPANCY, 1) * THREADS) (at most 255): the row tile without spills",
@@ -382,6 +389,7 @@ def forward_param_space() -> ParamSpace:
             Condition("PIPE", _a_pipeline, 2, "PIPE only with STAGE 3"),
             Condition("WSMEM", _a_pipeline, 0, "WSMEM only with STAGE 3"),
             Condition("TILE_ROWS", _a_row_tiles, 8, "TILE_ROWS only with STAGE 3 or 4"),
+            Condition("PREFETCH", _a_prefetch, 0, "PREFETCH only with STAGE 2 and MAX_VECS 1"),
         ),
     )
 
@@ -389,71 +397,98 @@ def forward_param_space() -> ParamSpace:
 FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # many short rows, no staging: a warp per row, four rows per CTA, register tile of 4 x 16 B
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 0, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3 (bulk copies into shared memory), short rows: a warp per row, tiles of 8 rows
     {"THREADS": 256, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3, the shortest rows: half a warp per row, one buffer, L2 evict-first loads
     {"THREADS": 128, "TPR": 16, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 8, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 8,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3, 2K-4K rows: a CTA of 128 threads per row, tiles of 2 rows, many CTAs per SM
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3, 8K rows: a CTA of 256 threads per row
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3, 16K-32K rows: a CTA of 512 threads per row
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3, long rows: each CTA of a 2-CTA cluster holds half a row, two CTAs per SM
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 2, "PERSISTENT": 2, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 2, "PERSISTENT": 2, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 4 (rows in registers), N=256: 16 threads per row, two rows each in flight, 4 CTAs per SM
     {"THREADS": 256, "TPR": 16, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 2,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 2, "OCCUPANCY": 4, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 2,
+     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 4, N=512: a warp per row, four rows each in flight
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 4, "MAX_VECS": 2,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 4, "OCCUPANCY": 4, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 4,
+     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 0, N=1K: a warp per row, one vector per thread, 8 CTAs of 128 threads per SM
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 8, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 8, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 4, N=2K: a warp per row, the whole row (8 vectors per thread) in flight
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 8,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1, "OCCUPANCY": 2, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1,
+     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3, N=16K: a CTA of 256 threads per row, one row per tile, streaming stores
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 2, N=16K-32K: a CTA of 512 threads per row, one 16-byte load per batch, two CTAs per SM;
     # the first read of a row keeps it in L2 (evict_last) for the second (LOAD_HINT 4: at fp32 32K
     # 0.84-0.87 of copy against 0.68-0.70 with LOAD_HINT 0 or 3, rmsnorm_sweep-2026-12-03-policy-repeat*)
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 2, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 2, N >= 128K: the same, a quarter row per CTA of a 4-CTA cluster, L2 evict-first loads
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
-     "CLUSTER": 4, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 2, "WSMEM": 0},
+     "CLUSTER": 4, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3, N=128K: an 8-CTA cluster per row, each CTA's 32 KB slice one bulk copy, L2 evict-first
     # loads (the float32 weights, re-read by every row, stay in L2)
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 3, N=256K: the same with 256 threads per CTA (64 KB slices)
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 2, 128 KB rows (fp32 32K, bf16 64K): one CTA of 1024 threads per SM, whose row stays in
     # the SM's L1 for the second read (LOAD_HINT 5: L1::evict_last, then evict_first): fp32 32K 0.99
     # of copy against 0.87-0.89 with LOAD_HINT 4 (rmsnorm_sweep-2026-12-03-l1.md)
     {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 0, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 2, 32 KB rows (bf16 16K, fp32 8K): four CTAs of 256 threads per SM, with and without the
     # L1 priorities (bf16 16K 0.995 of copy with LOAD_HINT 4, bf16 8K 0.995 and fp32 8K 1.008 with 5)
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 4, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0},
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 4, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 2, 64 KB rows (16-bit 32K): two CTAs of 1024 threads per SM at 32 registers, two rows per
     # SM's L1 (bf16/fp16 32K 0.934/0.936 of copy against 0.929/0.935 for 2 x 512 threads in the same
     # sweep, rmsnorm_sweep-2026-12-03-lean.md: a start for the search, not yet a gain)
     {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
-     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8, "OCCUPANCY": 2, "WSMEM": 0},
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0},
+    # STAGE 2, rows larger than L1 (fp32 64K, 16-bit 128K): one CTA of 1024 threads per SM, the next
+    # vector's load issued before the current one's store in the second pass (fp32 64K 0.842 of copy
+    # against 0.702 without, bf16 / fp16 128K 0.754 / 0.664 against 0.654 / 0.653, in one device call:
+    # rmsnorm_sweep-2026-12-03-prefetch.md)
+    {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 1},
 )
 """Starting points, one per row-length regime (the engine searches from all of them). The
 STAGE 3 ones come from the design-space sweep ``benchmarks/rmsnorm_sweep.py`` on the H200
@@ -467,7 +502,8 @@ one load per batch (the same code and launch as these genomes). The last two (N 
 256K) come from a sweep of 2026-12-03 (``rmsnorm_sweep-2026-12-03-long.md``): 0.81 and 0.78
 of copy there, against 0.73 and 0.72 for the STAGE 2 seeds in the same run. The next three
 (STAGE 2 sized so the rows of an SM fit its L1) come from ``rmsnorm_sweep-2026-12-03-l1.md``, the
-last (two 1024-thread CTAs per SM at 32 registers) from ``rmsnorm_sweep-2026-12-03-lean.md``."""
+next (two 1024-thread CTAs per SM at 32 registers) from ``rmsnorm_sweep-2026-12-03-lean.md``, the last
+(PREFETCH) from ``rmsnorm_sweep-2026-12-03-prefetch.md``."""
 
 
 def forward_source() -> str:

@@ -46,6 +46,11 @@
 //                2 to 4 bytes of weight per byte of x; from shared memory that traffic leaves L2,
 //                but the weights take room from the row buffers: measured slower at every long
 //                bf16 shape on the H200 (docs/rmsnorm.md); kept as a choice for the search.
+//   PREFETCH     STAGE 2 with MAX_VECS 1: 1 issues the load of a thread's next x vector in the
+//                second pass before normalising and storing the current one (two loads in flight
+//                per thread instead of one, four registers more; the stores otherwise keep each
+//                load waiting on the previous store); 0 one vector at a time. Other stages (and
+//                the STAGE 2 fallbacks of STAGE 3 and 4) ignore it.
 //
 // Rows whose x and y addresses are not VEC_BYTES-aligned (odd N, misaligned bases) are split
 // into a scalar head, an aligned vector body and a scalar tail. If x and y rows have different
@@ -134,6 +139,12 @@
 #endif
 #ifndef WSMEM
 #define WSMEM 0
+#endif
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+#if PREFETCH != 0 && PREFETCH != 1
+#error "PREFETCH must be 0 or 1"
 #endif
 #if WSMEM != 0 && WSMEM != 1
 #error "WSMEM must be 0 or 1"
@@ -581,6 +592,17 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
                 // vector. Elsewhere one loop: a second copy costs registers (spills at 64 per
                 // thread for STAGE 0 with two vectors per batch, STAGE 2 with a cluster and two)
                 const auto second = [&](auto a16) {
+                    if (STAGE == 2 && MV == 1 && PREFETCH) {  // the next vector's load before this one's store
+                        Vec cur;
+                        if (nmine > 0) ld_vec(cur, xv(0), pol);
+                        for (int k = 0; k < nmine; ++k) {
+                            Vec nxt;
+                            if (k + 1 < nmine) ld_vec(nxt, xv(k + 1), pol);
+                            norm_store<DT, false, decltype(a16)::value>(cur, wv(k), rstd, yv(k));
+                            cur = nxt;
+                        }
+                        return;
+                    }
                     for (int k0 = 0; k0 < nmine; k0 += MV) {
                         Vec b[MV];
 #pragma unroll

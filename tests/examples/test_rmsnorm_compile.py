@@ -61,13 +61,17 @@ def _corner_cases() -> list[dict]:
     for threads, hint in ((1024, 5), (512, 0), (256, 4)):
         out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=1,
                         OCCUPANCY=2048 // threads, LOAD_HINT=hint, STORE_HINT=2, RSQRT_APPROX=0))
+    # STAGE 2 with PREFETCH (a second vector of x in flight): 64 registers, with and without a cluster
+    for threads, occ, cluster, hint in ((1024, 0, 1, 5), (512, 2, 4, 3), (256, 4, 1, 4), (128, 8, 1, 0)):
+        out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=cluster,
+                        OCCUPANCY=occ, LOAD_HINT=hint, STORE_HINT=1, PREFETCH=1))
     return out
 
 
-@pytest.mark.parametrize("change", [{"TPR": 32}, {"LOAD_HINT": 2, "THREADS": 256, "TPR": 256, "OCCUPANCY": 8}],
-                         ids=["rows-per-cta", "ld-cg"])
+@pytest.mark.parametrize("change", [{"TPR": 32}, {"LOAD_HINT": 2, "THREADS": 256, "TPR": 256, "OCCUPANCY": 8},
+                                    {"PREFETCH": 1}], ids=["rows-per-cta", "ld-cg", "prefetch"])
 def test_lean_reread_rule_is_needed(tmp_path: Path, change: dict) -> None:
-    """What the 2048-thread STAGE 2 rule forbids (several rows per CTA, ld.global.cg) does spill."""
+    """What the 2048-thread STAGE 2 rule forbids (several rows per CTA, ld.global.cg, PREFETCH) does spill."""
     base = dict(make_forward_problem().seeds[0].params)
     lean = dict(base, THREADS=1024, TPR=1024, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=1, OCCUPANCY=2,
                 LOAD_HINT=4, STORE_HINT=1)
@@ -209,7 +213,7 @@ def test_backward_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path)
 
 
 def test_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:
-    """The space's conditions are true: outside their stages PIPE, WSMEM and TILE_ROWS are dead.
+    """The space's conditions are true: outside their stages PIPE, WSMEM, TILE_ROWS and PREFETCH are dead.
 
     The engine relies on it: it stores such genomes in canonical form and never evaluates two
     that differ only there (evo.space.Condition).
@@ -224,8 +228,15 @@ def test_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:
     for stage in (0, 2, 4):
         base = next(p for p in seeds if p["STAGE"] == stage)
         moved = dict(base, PIPE=4, WSMEM=1) if stage == 4 else dict(base, PIPE=4, WSMEM=1, TILE_ROWS=64)
+        if stage != 2:
+            moved["PREFETCH"] = 1
         assert space.is_valid(moved) and space.canonical(moved) == base
         pairs.append((base, moved))
+    # PREFETCH needs one vector per batch: with two it is dead
+    base = dict(next(p for p in seeds if p["STAGE"] == 2 and p["OCCUPANCY"] == 0), MAX_VECS=2)
+    moved = dict(base, PREFETCH=1)
+    assert space.is_valid(moved) and space.canonical(moved) == dict(base, PREFETCH=0)
+    pairs.append((dict(base, PREFETCH=0), moved))
     for i, (a, b) in enumerate(pairs):
         for shape in [*CHECK_SHAPES, *TIMED_SHAPES]:
             for dtype in ("bfloat16", "float32"):

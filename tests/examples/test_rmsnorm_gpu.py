@@ -159,6 +159,20 @@ def test_forward_two_pass_policy(cuda_device, hint: int) -> None:
         _check(prob, prob.seeds[0].with_params(**p), SMALL + [{"M": 9, "N": 32768}])
 
 
+@pytest.mark.parametrize("offsets", [None, {"x": 1, "y": 1}, {"x": 1, "y": 3}], ids=["aligned", "alike", "differ"])
+def test_forward_prefetch(cuda_device, offsets: dict[str, int] | None) -> None:
+    """PREFETCH 1 (STAGE 2's second pass loads the next vector before storing the current one): the
+    last vector, rows of fewer vectors than threads, the weight-unaligned loop (x and y alike but
+    off the grid) and the all-scalar rows, with and without a cluster."""
+    prob = make_forward_problem()
+    base = dict(prob.seeds[0].params, STAGE=2, MAX_VECS=1, VEC_BYTES=16, STORE_HINT=1, PREFETCH=1)
+    for p in (dict(base, THREADS=1024, TPR=1024, LOAD_HINT=5, OCCUPANCY=0),
+              dict(base, THREADS=512, TPR=512, LOAD_HINT=3, CLUSTER=4, OCCUPANCY=2),
+              dict(base, THREADS=128, TPR=128, LOAD_HINT=0, OCCUPANCY=8)):
+        assert prob.params.is_valid(p), p
+        _check(prob, prob.seeds[0].with_params(**p), SMALL + [{"M": 9, "N": 32768}], offsets=offsets)
+
+
 @pytest.mark.parametrize("offsets", [{"x": 1, "y": 3}, {"x": 1, "y": 1}, {"x": 0, "y": 2}],
                          ids=["x-y-differ", "x-y-alike", "y-only"])
 def test_forward_misaligned_views(cuda_device, offsets: dict[str, int]) -> None:
