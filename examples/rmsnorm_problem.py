@@ -309,7 +309,7 @@ def _lean_reread(p: Mapping[str, Any]) -> bool:
     tests/examples/test_rmsnorm_compile.py); without PREFETCH (its second vector spills there)."""
     return (int(p["STAGE"]) == 2 and int(p["MAX_VECS"]) == 1 and int(p["VEC_BYTES"]) == 16
             and int(p["CLUSTER"]) == 1 and int(p["TPR"]) == int(p["THREADS"]) and int(p["LOAD_HINT"]) != 2
-            and int(p.get("PREFETCH", 0)) == 0)
+            and int(p["PREFETCH"]) == 0)
 
 
 def _c_occupancy(p: Mapping[str, Any]) -> bool:
