@@ -259,9 +259,10 @@ def pipe_weight_bytes(params: Mapping[str, Any], case: Case) -> int:
 def pipe_rows(params: Mapping[str, Any], case: Case) -> int:
     """STAGE 3: rows per tile the launch provides for (0: the kernel falls back to STAGE 2).
 
-    At most TILE_ROWS, and no more than lets ``max(PERSISTENT, 1)`` CTAs of ``PIPE``
-    buffers each (after the weight slice, with WSMEM) fit one SM's shared memory (1 KB per
-    CTA is the system's, 2 KB is left for the kernel's static arrays).
+    At most TILE_ROWS (with a cluster at most ``64 // CLUSTER``: the partial sums one
+    exchange of the kernel holds), and no more than lets ``max(PERSISTENT, 1)`` CTAs of
+    ``PIPE`` buffers each (after the weight slice, with WSMEM 1) fit one SM's shared memory
+    (1 KB per CTA is the system's, 2 KB is left for the kernel's static arrays).
     """
     row = case["N"] * DTYPE_BYTES[case.dtype]
     if row % 16:
@@ -270,7 +271,10 @@ def pipe_rows(params: Mapping[str, Any], case: Case) -> int:
     per_cta = min(BLOCK_SMEM_OPTIN, SM_SMEM // max(_p(params, "PERSISTENT"), 1) - 3 * 1024)
     per_cta -= pipe_weight_bytes(params, case)
     rows = per_cta // (_p(params, "PIPE") * slice_b) if slice_b and per_cta > 0 else 0
-    return max(0, min(rows, _p(params, "TILE_ROWS"), case["M"]))
+    cap = _p(params, "TILE_ROWS")
+    if _p(params, "CLUSTER") > 1:
+        cap = min(cap, 64 // _p(params, "CLUSTER"))
+    return max(0, min(rows, cap, case["M"]))
 
 
 def fwd_bytes_moved(case: Case) -> int:

@@ -33,10 +33,13 @@
 //                slice fits one batch)
 //   PIPE         STAGE 3: shared-memory buffers in the pipeline (tiles in flight + 1)
 //   TILE_ROWS    STAGE 3: rows per tile, upper bound (the launch's dynamic shared memory
-//                sets the actual count: dyn / (PIPE * row slice bytes)); STAGE 4: rows each
-//                thread group holds in registers at once
+//                sets the actual count: dyn / (PIPE * row slice bytes); with a cluster at most
+//                64 / CLUSTER, the rows whose partial sums one exchange holds); STAGE 4: rows
+//                each thread group holds in registers at once
 //   CLUSTER      CTAs per thread-block cluster sharing one row (1 = no cluster); partial sums
-//                are combined through distributed shared memory (mapa + ld.shared::cluster)
+//                are combined through distributed shared memory (STAGE 3: each CTA pushes its
+//                partials into every peer's shared memory with st.async and waits on its own
+//                mbarrier; other stages: barrier.cluster, then mapa + ld.shared::cluster)
 //   PERSISTENT   launch-only knob (grid = k * SM count); the kernel always strides over rows
 //   RSQRT_APPROX 1 rsqrt.approx.ftz.f32, 0 precise 1/sqrtf
 //   OCCUPANCY    0 ptxas's own register count; k > 0: __launch_bounds__ minimum of k CTAs per SM
@@ -160,6 +163,12 @@
 #endif
 
 #define RPC (THREADS / TPR)
+// STAGE 3: rows per tile at most (a cluster's exchange holds 64 partial sums per tile)
+#if CLUSTER > 1 && TILE_ROWS > 64 / CLUSTER
+#define XROWS (64 / CLUSTER)
+#else
+#define XROWS TILE_ROWS
+#endif
 #define WARPS (THREADS / 32)
 #define VW (VEC_BYTES / 4)
 
@@ -344,6 +353,26 @@ __device__ __forceinline__ float ld_peer(const float* local, unsigned rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(sa), "r"(rank));
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
     return v;
+}
+// The split cluster barrier: arrive early, wait later (work in between overlaps the wait).
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// `local` (a shared-memory address of this CTA) in cluster CTA `rank`'s shared memory.
+__device__ __forceinline__ unsigned peer_addr(unsigned local, unsigned rank) {
+    unsigned ra;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(local), "r"(rank));
+    return ra;
+}
+// Writes `v` into a peer's shared memory (`raddr`, from peer_addr) and completes 4 bytes of
+// the transaction count of the peer's mbarrier `rbar`, which its threads wait on.
+__device__ __forceinline__ void st_peer_async(unsigned raddr, float v, unsigned rbar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(raddr), "r"(__float_as_uint(v)), "r"(rbar)
+                 : "memory");
 }
 #endif
 
@@ -733,16 +762,25 @@ __device__ __forceinline__ void mbar_arrive_tx(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 
+#define MBAR_TRY_WAIT(SEM)                                                 \
+    asm volatile(                                                          \
+        "{\n\t.reg .pred p;\n\t"                                             \
+        "mbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%1], %2;\n\t" \
+        "selp.u32 %0, 1, 0, p;\n\t}"                                       \
+        : "=r"(done)                                                       \
+        : "r"(bar), "r"(parity)                                            \
+        : "memory")
+
+// Waits for the phase of parity `parity` to complete. FROM_PEERS: the phase's bytes were
+// written by other CTAs of the cluster (st.async), so the wait acquires at cluster scope.
+template <bool FROM_PEERS = false>
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     unsigned done;
     do {
-        asm volatile(
-            "{\n\t.reg .pred p;\n\t"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-            "selp.u32 %0, 1, 0, p;\n\t}"
-            : "=r"(done)
-            : "r"(bar), "r"(parity)
-            : "memory");
+        if (FROM_PEERS)
+            MBAR_TRY_WAIT(".acquire.cluster");
+        else
+            MBAR_TRY_WAIT("");
     } while (!done);
 }
 
@@ -790,6 +828,13 @@ __device__ __forceinline__ void issue_tile(const char* xs, long long tile, int s
 // of every row (whole 16-byte chunks). Group g of `groups` (a CTA, or a cluster) takes tiles
 // g, g + groups, ...; PIPE tiles are copied ahead into shared memory by thread 0. With WSMEM
 // the first `wsl` bytes of `buf` hold this CTA's float32 weight slice (barrier PIPE).
+// With a cluster, each CTA sends its partial sum of every row of a tile to every CTA of the
+// cluster (st.async into slot [row][rank] of the peer's `rowsum`, completing bytes on the peer's
+// exchange barrier `xbar` of the tile's parity); each CTA waits on its own barrier and adds the
+// CLUSTER slots in one butterfly, so all get the same bits. No CTA waits for its peers to
+// finish reading, and none leaves before every partial addressed to it has arrived. A peer
+// runs at most one tile ahead (it needs this CTA's partials of its current tile), so two
+// slot buffers and barriers, by tile parity, are never written while still being read.
 template <int DT>
 __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const float* __restrict__ w,
                                              void* __restrict__ y, int M, int N, float eps, float* red,
@@ -810,7 +855,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
     const unsigned slice = static_cast<unsigned>(cpc) * 16u;      // shared-memory row stride
     const unsigned wsl = WSMEM ? static_cast<unsigned>(cpc) * (64u / ESZ) : 0u;  // weight slice bytes
     int rows_pt = slice && dyn > wsl ? static_cast<int>((dyn - wsl) / (PIPE * slice)) : 0;
-    rows_pt = rows_pt > TILE_ROWS ? TILE_ROWS : rows_pt;
+    rows_pt = rows_pt > XROWS ? XROWS : rows_pt;
     const unsigned long long wa = WSMEM ? reinterpret_cast<unsigned long long>(w) : 0ull;
     const bool aligned =
         ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y) | wa) & 15) == 0;
@@ -834,15 +879,21 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
     char* ys = static_cast<char*>(y) + c0 * 16;
     const float* ws = w + (c0 * 16) / ESZ;
     const float* wn = WSMEM ? reinterpret_cast<const float*>(buf) : ws;  // the weights normalised with
+#if CLUSTER > 1
+    const unsigned xbar = bar0 + 8 * (PIPE + WSMEM);  // two exchange barriers, one per tile parity
+#endif
 
     const unsigned long long pol = load_policy();
 
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < PIPE + WSMEM; ++s) mbar_init(bar0 + 8 * s, 1);
+        for (int s = 0; s < PIPE + WSMEM + (CLUSTER > 1 ? 2 : 0); ++s) mbar_init(bar0 + 8 * s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
+#if CLUSTER > 1
+    cluster_arrive();  // this CTA's barriers are initialised; peers may send once all have arrived
+#endif
 
     if (tid == 0) {
         if (WSMEM) {  // the weights first: the first tile's normalisation needs them
@@ -854,6 +905,9 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
             if (g + s * groups < tiles) issue_tile(xs, g + s * groups, s, M, rows_pt, row_bytes, my_bytes, slice, tile_bytes, buf0, bar0, pol);
     }
 
+#if CLUSTER > 1
+    cluster_wait();
+#endif
 #if TPR > 32
     int rc = 0;  // reductions through `red` so far (double-buffered)
 #endif
@@ -865,6 +919,10 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
         const long long row0 = tile * rows_pt;
         const int nrows = M - row0 < rows_pt ? static_cast<int>(M - row0) : rows_pt;
         const unsigned char* tb = buf + wsl + static_cast<unsigned>(s) * tile_bytes;  // after the weight slice
+#if CLUSTER > 1
+        float* xs_in = rowsum + (it & 1) * XROWS * CLUSTER;  // this tile's slots [row][rank]
+        if (tid == 0) mbar_arrive_tx(xbar + 8 * (it & 1), static_cast<unsigned>(nrows) * CLUSTER * 4u);
+#endif
 
         for (int base = 0; base < nrows; base += RPC) {  // the same trip count in every thread
             const int rr = base + r;
@@ -905,16 +963,19 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
                 }
             }
 #else
-            if (tid == 0 && valid) rowsum[(it & 1) * TILE_ROWS + rr] = acc;
+            if (tid < CLUSTER) {  // RPC == 1: row rr is valid; lane q sends the partial to rank q
+                const unsigned slot = smem_addr(xs_in + rr * CLUSTER + rank);
+                st_peer_async(peer_addr(slot, tid), acc, peer_addr(xbar + 8 * (it & 1), tid));
+            }
 #endif
         }
 #if CLUSTER > 1
-        cluster_sync_all();  // every CTA's partial sums of this tile are visible in the cluster
+        mbar_wait<true>(xbar + 8 * (it & 1), static_cast<unsigned>(it >> 1) & 1u);  // every rank's partials
         for (int rr = 0; rr < nrows; ++rr) {  // TPR == THREADS: the whole CTA on one row
-            const int lane = tid & 31;
-            float acc = lane < CLUSTER ? ld_peer(rowsum + (it & 1) * TILE_ROWS + rr, static_cast<unsigned>(lane)) : 0.f;
+            // each group of CLUSTER lanes adds the slots in the same butterfly: the same bits everywhere
+            float acc = xs_in[rr * CLUSTER + (tid & (CLUSTER - 1))];
 #pragma unroll
-            for (int off = 16; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
+            for (int off = CLUSTER / 2; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
             const float ms = fmaf(acc, inv_n, eps);
             const float rstd = rsqrt_of(ms);
             const Vec* sv = reinterpret_cast<const Vec*>(tb + rr * slice);
@@ -928,9 +989,6 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
         if (tid == 0 && tile + PIPE * groups < tiles) issue_tile(xs, tile + PIPE * groups, s, M, rows_pt, row_bytes, my_bytes, slice, tile_bytes, buf0,
                        bar0, pol);
     }
-#if CLUSTER > 1
-    cluster_sync_all();  // no CTA leaves while a peer may still read its shared memory
-#endif
 }
 #endif
 
@@ -947,8 +1005,8 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
     __shared__ float clp[2];
     extern __shared__ __align__(128) unsigned char dsmem[];
 #if STAGE == 3
-    __shared__ float rowsum[2 * TILE_ROWS];
-    __shared__ __align__(8) unsigned long long mbar[PIPE + WSMEM];
+    __shared__ float rowsum[2 * XROWS * CLUSTER];
+    __shared__ __align__(8) unsigned long long mbar[PIPE + WSMEM + (CLUSTER > 1 ? 2 : 0)];
     if (dtype_code == 0)
         rmsnorm_pipe<0>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
     else if (dtype_code == 1)

@@ -101,7 +101,9 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
     """STAGE 3: the bulk copies into shared memory (byte offsets), then the reads from it.
 
     With WSMEM the weight slice is bulk-copied to the front of shared memory too, and the
-    normalisation reads the weights from there (also by byte offset).
+    normalisation reads the weights from there (also by byte offset). With a cluster, each
+    rank's partial sum of a row goes into slot ``row * CLUSTER + rank`` of every rank's
+    exchange buffer (``64 // CLUSTER`` rows at most), which must be written once per tile.
     """
     m, n = x.shape
     vb, tpr, threads, cluster, pipe = p["VEC_BYTES"], p["TPR"], p["THREADS"], p["CLUSTER"], p["PIPE"]
@@ -113,7 +115,8 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
     slice_b = cpc * 16
     wsl = pipe_weight_bytes(p, case)
     assert wsl == (cpc * 64 // esz if p.get("WSMEM") else 0)
-    rows_pt = min((launch.shared_mem - wsl) // (pipe * slice_b), p["TILE_ROWS"]) if slice_b else 0
+    xrows = p["TILE_ROWS"] if cluster == 1 else min(p["TILE_ROWS"], 64 // cluster)
+    rows_pt = min((launch.shared_mem - wsl) // (pipe * slice_b), xrows) if slice_b else 0
     if (x_off | y_off) % 16 or row_bytes % 16 or rows_pt < 1:
         return emulate(x, w, dict(p, STAGE=2), esz, x_off, y_off, eps)  # the kernel's fallback
     assert launch.shared_mem >= wsl + pipe * rows_pt * slice_b
@@ -128,7 +131,7 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
             s = it % pipe
             row0 = tile * rows_pt
             nrows = min(rows_pt, m - row0)
-            sums = np.zeros(nrows)
+            slots = np.full((cluster, xrows * cluster), np.nan)  # each rank's exchange buffer
             slices = {}
             for rank in range(cluster):
                 c0 = rank * cpc
@@ -162,9 +165,12 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
                                 ws.extend(wsm[wo // 4:wo // 4 + e])
                     ws_row = np.array(ws) if wsl else None
                     slices[(rank, rr)] = (np.array(vals), np.array(cols, dtype=int), ws_row)
-                    sums[rr] += (np.array(vals) ** 2).sum()
-            for (_rank, rr), (vals, cols, ws_row) in slices.items():
-                rstd = 1.0 / np.sqrt(sums[rr] / n + eps)
+                    slot = rr * cluster + rank
+                    assert slot < xrows * cluster and np.isnan(slots[:, slot]).all()
+                    slots[:, slot] = (np.array(vals) ** 2).sum()  # st.async to every rank
+            assert not np.isnan(slots[:, :nrows * cluster]).any()  # the tile's expected bytes arrive
+            for (rank, rr), (vals, cols, ws_row) in slices.items():
+                rstd = 1.0 / np.sqrt(slots[rank, rr * cluster:(rr + 1) * cluster].sum() / n + eps)
                 y[row0 + rr, cols] = vals * rstd * (w[cols] if ws_row is None else ws_row)
                 np.add.at(writes[row0 + rr], cols, 1)
     assert threads % tpr == 0
@@ -176,6 +182,8 @@ PIPE_CONFIGS = [
     {"THREADS": 64, "TPR": 8, "VEC_BYTES": 8, "CLUSTER": 1, "PERSISTENT": 0, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 16},
     {"THREADS": 64, "TPR": 64, "VEC_BYTES": 16, "CLUSTER": 4, "PERSISTENT": 1, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 2},
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 4, "CLUSTER": 16, "PERSISTENT": 2, "STAGE": 3, "PIPE": 4, "TILE_ROWS": 1},
+    # more rows per tile than a cluster's exchange holds (64 // CLUSTER = 4)
+    {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "CLUSTER": 16, "PERSISTENT": 0, "STAGE": 3, "PIPE": 1, "TILE_ROWS": 8},
     # the weight slice in shared memory, with and without a cluster
     {"THREADS": 64, "TPR": 64, "VEC_BYTES": 16, "CLUSTER": 4, "PERSISTENT": 1, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 2,
      "WSMEM": 1},

@@ -41,6 +41,21 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0,
     larger allocation, i.e. not 16-byte aligned (as a user's tensor slice may be)."""
     import cupy as cp
 
+    raw = prob.make_inputs(case, np.random.default_rng(seed), cp)
+    outs, ref = launch_case(prob, genome, case, raw, offsets)
+    errs = {}
+    for name, out in outs.items():
+        r = cp.asarray(ref[name], dtype=cp.float32)
+        assert bool(cp.isfinite(out).all()), f"{name}: non-finite (unwritten?) elements for {case.key}"
+        errs[name] = float(cp.linalg.norm(out - r) / cp.linalg.norm(r))
+    return errs
+
+
+def launch_case(prob: Problem, genome: Genome, case: Case, raw: dict, offsets: dict[str, int] | None = None):
+    """Launch ``genome`` on ``case`` with inputs ``raw`` (float32 values by name, stored in each
+    buffer's dtype); return (outputs as float32 by name, the reference on the stored inputs)."""
+    import cupy as cp
+
     def shifted(name: str, buf):
         o = (offsets or {}).get(name, 0)
         if not o:
@@ -49,8 +64,6 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0,
         big[o:] = buf
         return big[o:]
 
-    rng = np.random.default_rng(seed)
-    raw = prob.make_inputs(case, rng, cp)
     sig = prob.signature(case)
     bufs, stored = [], {}
     for a in sig:
@@ -74,16 +87,13 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0,
     scalars = tuple(ctypes[t](v) for t, v in prob.scalars(case))
     kern(L.grid, L.block, tuple(bufs) + scalars, shared_mem=L.shared_mem)
     cp.cuda.runtime.deviceSynchronize()
-    errs = {}
+    outs = {}
     for a, buf in zip(sig, bufs, strict=True):
         if a.role == "workspace":
             assert int(cp.count_nonzero(buf)) == 0, f"{a.name}: workspace not returned all zeros for {case.key}"
         if a.role == "out":
-            out = _load(cp, buf, a.dtype)
-            r = cp.asarray(ref[a.name], dtype=cp.float32)
-            assert bool(cp.isfinite(out).all()), f"{a.name}: non-finite (unwritten?) elements for {case.key}"
-            errs[a.name] = float(cp.linalg.norm(out - r) / cp.linalg.norm(r))
-    return errs
+            outs[a.name] = _load(cp, buf, a.dtype)
+    return outs, ref
 
 
 SMALL = [{"M": 1, "N": 1}, {"M": 3, "N": 7}, {"M": 17, "N": 1000}, {"M": 6, "N": 1026}, {"M": 33, "N": 4099},
@@ -171,6 +181,42 @@ def test_forward_prefetch(cuda_device, offsets: dict[str, int] | None) -> None:
               dict(base, THREADS=128, TPR=128, LOAD_HINT=0, OCCUPANCY=8)):
         assert prob.params.is_valid(p), p
         _check(prob, prob.seeds[0].with_params(**p), SMALL + [{"M": 9, "N": 32768}], offsets=offsets)
+
+
+CLUSTER_PIPES = [
+    # persistent: a cluster walks many tiles, so both exchange buffers are reused many times
+    {"THREADS": 64, "CLUSTER": 8, "PERSISTENT": 1, "PIPE": 2, "TILE_ROWS": 1},
+    {"THREADS": 256, "CLUSTER": 4, "PERSISTENT": 4, "PIPE": 2, "TILE_ROWS": 2},
+    {"THREADS": 512, "CLUSTER": 2, "PERSISTENT": 2, "PIPE": 1, "TILE_ROWS": 2},
+    # more rows per tile than an exchange holds (64 // 16 = 4), and ranks with no chunk of short rows
+    {"THREADS": 128, "CLUSTER": 16, "PERSISTENT": 0, "PIPE": 1, "TILE_ROWS": 8},
+    {"THREADS": 64, "CLUSTER": 16, "PERSISTENT": 1, "PIPE": 3, "TILE_ROWS": 1},
+]
+
+
+@pytest.mark.parametrize("knobs", CLUSTER_PIPES, ids=lambda k: "-".join(f"{v}" for v in k.values()))
+def test_forward_cluster_exchange(cuda_device, knobs: dict[str, int]) -> None:
+    """STAGE 3 with a cluster: the ranks push their partial sums into each other's shared memory
+    (st.async) and wait on their own barrier. Every dtype and shape (short rows leave ranks without
+    a chunk; the fallback for odd N), and the same sum, to the bit, in every rank of a row: with
+    float32 x of powers of two and w = 1, y / x is the row's rstd exactly, so it must not vary
+    along the row."""
+    import cupy as cp
+
+    prob = make_forward_problem()
+    p = dict(prob.seeds[0].params, STAGE=3, VEC_BYTES=16, LOAD_HINT=3, STORE_HINT=1, MAX_VECS=4, OCCUPANCY=0,
+             **knobs)
+    p["TPR"] = p["THREADS"]
+    assert prob.params.is_valid(p), prob.params.violations(p)
+    genome = prob.seeds[0].with_params(**p)
+    _check(prob, genome, SMALL + PIPE_SHAPES + [{"M": 300, "N": 4096}])
+    rng = np.random.default_rng(7)
+    case = Case({"M": 70, "N": 20480}, "float32")
+    x = np.ldexp(rng.choice([-1.0, 1.0], size=(70, 20480)), rng.integers(-3, 4, size=(70, 20480)))
+    outs, _ = launch_case(prob, genome, case, {"x": cp.asarray(x.reshape(-1), dtype=cp.float32),
+                                                "w": cp.ones(20480, dtype=cp.float32)})
+    ratio = (outs["y"].reshape(70, 20480) / cp.asarray(x, dtype=cp.float32)).get()
+    assert (ratio == ratio[:, :1]).all(), f"{p}: rstd differs along a row (ranks disagree)"
 
 
 @pytest.mark.parametrize("offsets", [{"x": 1, "y": 3}, {"x": 1, "y": 1}, {"x": 0, "y": 2}],
