@@ -462,9 +462,9 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
      "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
-    # STAGE 3, N=256K: the same with 256 threads per CTA (64 KB slices)
+    # STAGE 3, fp32 N=256K: a 16-CTA cluster per row, 256 threads per CTA (64 KB slices)
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
-     "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
+     "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
      "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 2, 128 KB rows (fp32 32K, bf16 64K): one CTA of 1024 threads per SM, whose row stays in
     # the SM's L1 for the second read (LOAD_HINT 5: L1::evict_last, then evict_first): fp32 32K 0.99
@@ -493,6 +493,18 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
      "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 1},
+    # STAGE 3 with the partial sums pushed to the cluster's CTAs (st.async), 32 KB of x per CTA and
+    # tile, 128 threads: 16-bit 256K and fp32 128K (16 CTAs x 1 row), 16-bit 64K (8 CTAs x 2 rows),
+    # fp32 64K (16 CTAs x 2 rows): 0.875 / 0.910 / 0.905 / 0.906 of copy (rmsnorm_sweep-2026-12-03-exchange-long.md)
+    {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+    {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+    {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
+     "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
 )
 """Starting points, one per row-length regime (the engine searches from all of them). The
 STAGE 3 ones come from the design-space sweep ``benchmarks/rmsnorm_sweep.py`` on the H200
@@ -506,8 +518,10 @@ one load per batch (the same code and launch as these genomes). The last two (N 
 256K) come from a sweep of 2026-12-03 (``rmsnorm_sweep-2026-12-03-long.md``): 0.81 and 0.78
 of copy there, against 0.73 and 0.72 for the STAGE 2 seeds in the same run. The next three
 (STAGE 2 sized so the rows of an SM fit its L1) come from ``rmsnorm_sweep-2026-12-03-l1.md``, the
-next (two 1024-thread CTAs per SM at 32 registers) from ``rmsnorm_sweep-2026-12-03-lean.md``, the last
-(PREFETCH) from ``rmsnorm_sweep-2026-12-03-prefetch.md``."""
+next (two 1024-thread CTAs per SM at 32 registers) from ``rmsnorm_sweep-2026-12-03-lean.md``, the next
+(PREFETCH) from ``rmsnorm_sweep-2026-12-03-prefetch.md``, the last three (and the 16-CTA cluster of the
+fp32 256K seed, 8 before) from ``rmsnorm_sweep-2026-12-03-exchange-long.md``, after the cluster's
+partial sums moved from barrier.cluster to st.async."""
 
 
 def forward_source() -> str:
