@@ -306,6 +306,28 @@ def _c_pipe_registers(p: Mapping[str, Any]) -> bool:
     return int(p["STAGE"]) != 3 or int(p["PERSISTENT"]) * int(p["THREADS"]) <= 1024
 
 
+def pipe_register_budget(p: Mapping[str, Any]) -> int:
+    """STAGE 3: registers per thread ptxas may use under the kernel's ``__launch_bounds__``
+    minimum of CTAs per SM (OCCUPANCY; else PERSISTENT CTAs of a persistent grid, or 1024
+    threads' worth of CTAs without one), at most 255."""
+    threads, occ, k = int(p["THREADS"]), int(p["OCCUPANCY"]), int(p["PERSISTENT"])
+    if occ > 0:
+        blocks = occ
+    elif k > 1 and k * threads <= 2048:
+        blocks = k
+    elif k == 0 and threads < 1024:
+        blocks = 1024 // threads
+    else:
+        blocks = 1
+    return min(255, 65536 // (blocks * threads))
+
+
+def _c_pipe_batch(p: Mapping[str, Any]) -> bool:
+    if int(p["STAGE"]) != 3:
+        return True
+    return int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) <= 64 or pipe_register_budget(p) >= 128
+
+
 def _lean_reread(p: Mapping[str, Any]) -> bool:
     """STAGE 2 at 32 registers (2048 threads per SM) without spills: one row per CTA, one 16-byte
     load per batch, no cluster, any load hint but ld.global.cg (ptxas, nvcc 13.0, sm_90a: several
@@ -382,6 +404,9 @@ def forward_param_space() -> ParamSpace:
                        "CLUSTER 1, TPR == THREADS, LOAD_HINT != 2 and PREFETCH 0 (the one STAGE 2 form that does not "
                        "spill there)",
                        _c_occupancy),
+            Constraint("STAGE 3: MAX_VECS * VEC_BYTES <= 64 (the batch of loads it holds), or a register budget of "
+                       "at least 128 (pipe_register_budget: OCCUPANCY or a persistent grid): at 64 registers 8 x 16 B "
+                       "spill 16-36 bytes and 16 x 16 B 712-820 (nvcc 13.0, sm_90a)", _c_pipe_batch),
             Constraint("STAGE 4: CLUSTER 1, TPR <= 32, and TILE_ROWS * MAX_VECS * VEC_BYTES * 3/8 + 40 registers "
                        "within 65536 / (max(OCCUPANCY, 1) * THREADS) (at most 255): the row tile without spills",
                        _c_row_tile),

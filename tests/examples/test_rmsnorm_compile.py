@@ -49,6 +49,11 @@ def _corner_cases() -> list[dict]:
                     PIPE=3, TILE_ROWS=1, WSMEM=1, LOAD_HINT=3))
     out.append(dict(base, THREADS=256, TPR=256, MAX_VECS=4, VEC_BYTES=16, STAGE=3, CLUSTER=1, PERSISTENT=4,
                     PIPE=2, TILE_ROWS=2, WSMEM=1))
+    # STAGE 3 batches of 8 and 16 vectors where the register budget is 128 or more
+    out.append(dict(base, THREADS=256, TPR=256, MAX_VECS=8, VEC_BYTES=16, STAGE=3, CLUSTER=8, OCCUPANCY=2,
+                    PIPE=1, TILE_ROWS=1, LOAD_HINT=3))
+    out.append(dict(base, THREADS=128, TPR=128, MAX_VECS=16, VEC_BYTES=16, STAGE=3, CLUSTER=1, PERSISTENT=2,
+                    PIPE=2, TILE_ROWS=2))
     # STAGE 2 with the two-pass L2 policy (a second policy register), a 4-CTA cluster
     out.append(dict(base, THREADS=512, TPR=512, MAX_VECS=2, VEC_BYTES=16, STAGE=2, CLUSTER=4, OCCUPANCY=2,
                     LOAD_HINT=4, STORE_HINT=1))
@@ -79,6 +84,20 @@ def test_lean_reread_rule_is_needed(tmp_path: Path, change: dict) -> None:
     assert space.is_valid(lean)
     params = dict(lean, **change)
     assert not space.is_valid(params)
+    assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(params), tmp_path)) > 0
+
+
+@pytest.mark.parametrize("change", [{"MAX_VECS": 8}, {"MAX_VECS": 16, "CLUSTER": 8}])
+def test_pipe_batch_rule_is_needed(tmp_path: Path, change: dict) -> None:
+    """What the STAGE 3 batch rule forbids (more than 64 bytes of loads per batch at 64 registers) does spill."""
+    base = dict(make_forward_problem().seeds[0].params)
+    ok = dict(base, THREADS=128, TPR=128, MAX_VECS=4, VEC_BYTES=16, STAGE=3, PERSISTENT=0, OCCUPANCY=0, PIPE=1,
+              TILE_ROWS=1, LOAD_HINT=3)
+    space = forward_param_space()
+    assert space.is_valid(ok)
+    params = dict(ok, **change)
+    assert not space.is_valid(params)
+    assert space.is_valid(dict(params, OCCUPANCY=2))  # 255 registers
     assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(params), tmp_path)) > 0
 
 
