@@ -21,7 +21,8 @@ writes that never reach DRAM (measured on the H200: torch.compile at 32768x256 b
 ms with reuse, 0.0098 ms held; ours 0.0092 ms into one buffer, 0.0104 ms into one per set).
 TB/s uses 2*M*N*elem + 4*N bytes; "% copy" is against a device-to-device copy (timed call
 by call) in the same run. A provider that fails on a case is shown as FAILED with the
-error class (the message goes to stderr). The Markdown
+error class (the message goes to stderr); ``--require quack,liger`` (or ``all``) instead stops
+before timing anything when a named provider did not load. The Markdown
 table goes to ``--out`` (default ``benchmarks/results/rmsnorm_peers.md``), row by row;
 RESULTS.md quotes it.
 
@@ -32,6 +33,7 @@ backward in torch (eager and torch.compile) and QuACK's ``rmsnorm_bwd``; bytes
 
     python benchmarks/rmsnorm_peers.py --module runs/rmsnorm_h100.dispatch.py
     python benchmarks/rmsnorm_peers.py --backward --archive runs/rmsnorm_bwd_h100.lmdb --skip "quack tuned"
+    python benchmarks/rmsnorm_peers.py --module runs/rmsnorm_h100.dispatch.py --skip "quack tuned" --require all
 """
 
 from __future__ import annotations
@@ -98,6 +100,7 @@ def providers(module: Any | None) -> dict[str, Callable[[Any, Any], Callable[[],
     def missing(exc: BaseException) -> Callable[[Any, Any], Callable[[], Any]]:
         def f(x: Any, w: Any) -> Callable[[], Any]:
             raise exc
+        f.load_error = exc  # type: ignore[attr-defined]
         return f
 
     if module is not None:
@@ -202,6 +205,7 @@ def providers_backward(module: Any | None) -> dict[str, Callable[..., Callable[[
 
         def missing(*_a: Any, exc: BaseException = e) -> Callable[[], Any]:
             raise exc
+        missing.load_error = e  # type: ignore[attr-defined]
         out["quack"] = missing
     return out
 
@@ -233,6 +237,29 @@ def import_dispatch(path: str | Path) -> Any:
     return mod
 
 
+def check_required(provs: dict[str, Any], require: str) -> None:
+    """Stop before timing anything if a provider named in ``require`` (comma list, or ``all``)
+    did not load (its ``load_error``): a run meant to compare against QuACK should not spend
+    the device's minutes on a table whose QuACK column says FAILED.
+
+    Raises:
+        SystemExit: A required provider failed to load (the message gives its error), or a name
+            that is no provider.
+    """
+    names = list(provs) if require.strip() == "all" else [t.strip() for t in require.split(",") if t.strip()]
+    unknown = [n for n in names if n not in provs]
+    if unknown:
+        raise SystemExit(f"--require: no provider named {', '.join(map(repr, unknown))}; "
+                         f"the providers are {', '.join(map(repr, provs))}")
+    failed = {n: getattr(provs[n], "load_error", None) for n in names}
+    failed = {n: e for n, e in failed.items() if e is not None}
+    if failed:
+        raise SystemExit("--require: " + "; ".join(f"{n!r} did not load ({type(e).__name__}: {e})"
+                                                   for n, e in failed.items())
+                         + ". Install it (or put its unpacked wheels on PYTHONPATH) and run again; "
+                         "nothing was timed")
+
+
 def skip_providers(provs: dict[str, Any], skip: str) -> tuple[dict[str, Any], list[str]]:
     """``provs`` without the comma-separated names in ``skip``, and those names (for the table's header).
 
@@ -258,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="time the backward (dx, dw) on the backward Problem's timed shapes instead")
     ap.add_argument("--skip", default="", help="comma list of providers to leave out (e.g. 'quack tuned', "
                     "whose autotuning takes minutes per case)")
+    ap.add_argument("--require", default="", help="comma list of providers (or 'all') that must load: "
+                    "stop before timing if one did not (default: a peer that fails is shown as FAILED)")
     args = ap.parse_args(argv)
     import torch
 
@@ -269,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     module = load_module(args)
     provs: dict[str, Any] = providers_backward(module) if args.backward else providers(module)
     provs, skipped = skip_providers(provs, args.skip)
+    check_required(provs, args.require)
     provs = {name: holding(make) for name, make in provs.items()}  # outputs rotate with the inputs
     all_shapes = SHAPES
     if args.backward:

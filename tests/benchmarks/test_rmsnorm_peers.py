@@ -64,6 +64,48 @@ def test_skip_with_an_unknown_name_is_a_clear_error() -> None:
         rmsnorm_peers.skip_providers({"quack tuned": 1}, "quack-tuned")
 
 
+def _failed_to_load(exc: BaseException):
+    def make(*_a):
+        raise exc
+    make.load_error = exc
+    return make
+
+
+def test_require_stops_before_timing_when_a_required_peer_did_not_load() -> None:
+    provs = {"evo (ours)": lambda *a: None, "torch": lambda *a: None,
+             "quack": _failed_to_load(ModuleNotFoundError("No module named 'quack'")),
+             "liger": _failed_to_load(ImportError("liger broke"))}
+    with pytest.raises(SystemExit, match=r"'quack' did not load \(ModuleNotFoundError: No module named 'quack'\)"):
+        rmsnorm_peers.check_required(provs, "quack")
+    with pytest.raises(SystemExit, match="'quack' did not load.*'liger' did not load.*nothing was timed"):
+        rmsnorm_peers.check_required(provs, "all")
+    rmsnorm_peers.check_required(provs, "torch, evo (ours)")  # loaded: no error
+    rmsnorm_peers.check_required(provs, "")  # nothing required (the default)
+    with pytest.raises(SystemExit, match="--require: no provider named 'QuACK'"):
+        rmsnorm_peers.check_required(provs, "QuACK")
+
+
+def test_a_peer_that_fails_to_import_carries_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """providers() marks a peer whose import failed with ``load_error`` (what --require reads)."""
+    pytest.importorskip("torch")
+    import importlib
+
+    real = importlib.import_module
+
+    def fake(name: str, *a):
+        if name.startswith(("quack", "liger_kernel")):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", fake)
+    provs = rmsnorm_peers.providers(None)
+    assert isinstance(provs["quack"].load_error, ModuleNotFoundError)
+    assert isinstance(provs["liger"].load_error, ModuleNotFoundError)
+    assert getattr(provs["torch"], "load_error", None) is None
+    with pytest.raises(SystemExit, match="'quack' did not load"):
+        rmsnorm_peers.check_required(provs, "quack,torch")
+
+
 def test_import_dispatch_loads_the_module_at_a_path(tmp_path: Path) -> None:
     mod_path = tmp_path / "some.dispatch.py"
     mod_path.write_text("GENOMES = [{'case': 'M=1,N=8:float32'}]\n\ndef select(shape, dtype):\n    return GENOMES[0]\n")
