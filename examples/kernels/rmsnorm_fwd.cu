@@ -343,29 +343,28 @@ __device__ __forceinline__ float shfl_bfly(float v, int off) {
 }
 
 #if CLUSTER > 1
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ float ld_peer(const float* local, unsigned rank) {
-    unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(local));
-    unsigned ra;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(sa), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
-    return v;
-}
-// The split cluster barrier: arrive early, wait later (work in between overlaps the wait).
+// The cluster barrier, split: arrive early, wait later (work in between overlaps the wait).
 __device__ __forceinline__ void cluster_arrive() {
     asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+__device__ __forceinline__ void cluster_sync_all() {
+    cluster_arrive();
+    cluster_wait();
+}
 // `local` (a shared-memory address of this CTA) in cluster CTA `rank`'s shared memory.
 __device__ __forceinline__ unsigned peer_addr(unsigned local, unsigned rank) {
     unsigned ra;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(local), "r"(rank));
     return ra;
+}
+__device__ __forceinline__ float ld_peer(const float* local, unsigned rank) {
+    const unsigned ra = peer_addr(static_cast<unsigned>(__cvta_generic_to_shared(local)), rank);
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
 }
 // Writes `v` into a peer's shared memory (`raddr`, from peer_addr) and completes 4 bytes of
 // the transaction count of the peer's mbarrier `rbar`, which its threads wait on.
