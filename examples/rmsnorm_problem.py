@@ -83,6 +83,9 @@ CHECK_SHAPES: tuple[dict[str, int], ...] = (
     {"M": 7, "N": 131071},
 )
 TOLERANCES = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+EXCHANGE_SLOTS = 64
+"""Partial sums one tile's cluster exchange holds in the kernel (STAGE 3, ``XROWS``): a cluster's
+tile has at most ``EXCHANGE_SLOTS // CLUSTER`` rows."""
 REG_TILE_BYTES = 32768
 """Upper bound on ``MAX_VECS * VEC_BYTES * THREADS`` (half that at 1024 threads, where the
 register file allows 64 per thread, and at 512 threads with a cluster and the row in
@@ -259,8 +262,8 @@ def pipe_weight_bytes(params: Mapping[str, Any], case: Case) -> int:
 def pipe_rows(params: Mapping[str, Any], case: Case) -> int:
     """STAGE 3: rows per tile the launch provides for (0: the kernel falls back to STAGE 2).
 
-    At most TILE_ROWS (with a cluster at most ``64 // CLUSTER``: the partial sums one
-    exchange of the kernel holds), and no more than lets ``max(PERSISTENT, 1)`` CTAs of
+    At most TILE_ROWS (with a cluster at most ``EXCHANGE_SLOTS // CLUSTER``: the partial sums
+    one exchange of the kernel holds), and no more than lets ``max(PERSISTENT, 1)`` CTAs of
     ``PIPE`` buffers each (after the weight slice, with WSMEM 1) fit one SM's shared memory
     (1 KB per CTA is the system's, 2 KB is left for the kernel's static arrays).
     """
@@ -273,7 +276,7 @@ def pipe_rows(params: Mapping[str, Any], case: Case) -> int:
     rows = per_cta // (_p(params, "PIPE") * slice_b) if slice_b and per_cta > 0 else 0
     cap = _p(params, "TILE_ROWS")
     if _p(params, "CLUSTER") > 1:
-        cap = min(cap, 64 // _p(params, "CLUSTER"))
+        cap = min(cap, EXCHANGE_SLOTS // _p(params, "CLUSTER"))
     return max(0, min(rows, cap, case["M"]))
 
 
@@ -306,16 +309,17 @@ def _c_pipe_registers(p: Mapping[str, Any]) -> bool:
     return int(p["STAGE"]) != 3 or int(p["PERSISTENT"]) * int(p["THREADS"]) <= 1024
 
 
-def pipe_register_budget(p: Mapping[str, Any]) -> int:
-    """STAGE 3: registers per thread ptxas may use under the kernel's ``__launch_bounds__``
-    minimum of CTAs per SM (OCCUPANCY; else PERSISTENT CTAs of a persistent grid, or 1024
-    threads' worth of CTAs without one), at most 255."""
+def register_budget(p: Mapping[str, Any]) -> int:
+    """Registers per thread ptxas may use under the kernel's ``__launch_bounds__`` minimum of CTAs
+    per SM (its MIN_BLOCKS: OCCUPANCY; else, in STAGE 3, PERSISTENT CTAs of a persistent grid or
+    1024 threads' worth of CTAs without one; else 1), at most 255."""
     threads, occ, k = int(p["THREADS"]), int(p["OCCUPANCY"]), int(p["PERSISTENT"])
+    pipe = int(p["STAGE"]) == 3
     if occ > 0:
         blocks = occ
-    elif k > 1 and k * threads <= 2048:
+    elif pipe and k > 1 and k * threads <= 2048:
         blocks = k
-    elif k == 0 and threads < 1024:
+    elif pipe and k == 0 and threads < 1024:
         blocks = 1024 // threads
     else:
         blocks = 1
@@ -325,7 +329,7 @@ def pipe_register_budget(p: Mapping[str, Any]) -> int:
 def _c_pipe_batch(p: Mapping[str, Any]) -> bool:
     if int(p["STAGE"]) != 3:
         return True
-    return int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) <= 64 or pipe_register_budget(p) >= 128
+    return int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) <= 64 or register_budget(p) >= 128
 
 
 def _lean_reread(p: Mapping[str, Any]) -> bool:
@@ -354,8 +358,7 @@ def _c_row_tile(p: Mapping[str, Any]) -> bool:
     if int(p["CLUSTER"]) != 1 or int(p["TPR"]) > 32:
         return False
     tile = int(p["TILE_ROWS"]) * int(p["MAX_VECS"]) * int(p["VEC_BYTES"])
-    budget = min(255, 65536 // (max(int(p["OCCUPANCY"]), 1) * int(p["THREADS"])))
-    return tile * 3 // 8 + 40 <= budget
+    return tile * 3 // 8 + 40 <= register_budget(p)
 
 
 def _a_pipeline(p: Mapping[str, Any]) -> bool:
@@ -405,7 +408,7 @@ def forward_param_space() -> ParamSpace:
                        "spill there)",
                        _c_occupancy),
             Constraint("STAGE 3: MAX_VECS * VEC_BYTES <= 64 (the batch of loads it holds), or a register budget of "
-                       "at least 128 (pipe_register_budget: OCCUPANCY or a persistent grid): at 64 registers 8 x 16 B "
+                       "at least 128 (register_budget: OCCUPANCY or a persistent grid): at 64 registers 8 x 16 B "
                        "spill 16-36 bytes and 16 x 16 B 712-820 (nvcc 13.0, sm_90a)", _c_pipe_batch),
             Constraint("STAGE 4: CLUSTER 1, TPR <= 32, and TILE_ROWS * MAX_VECS * VEC_BYTES * 3/8 + 40 registers "
                        "within 65536 / (max(OCCUPANCY, 1) * THREADS) (at most 255): the row tile without spills",

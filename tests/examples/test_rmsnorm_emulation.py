@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from evo.types import Case
-from examples.rmsnorm_problem import fwd_launch, pipe_weight_bytes, rmsnorm_numpy
+from examples.rmsnorm_problem import EXCHANGE_SLOTS, fwd_launch, pipe_weight_bytes, rmsnorm_numpy
 
 
 def emulate(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_off: int = 0,
@@ -103,7 +103,7 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
     With WSMEM the weight slice is bulk-copied to the front of shared memory too, and the
     normalisation reads the weights from there (also by byte offset). With a cluster, each
     rank's partial sum of a row goes into slot ``row * CLUSTER + rank`` of every rank's
-    exchange buffer (``64 // CLUSTER`` rows at most), which must be written once per tile.
+    exchange buffer (``EXCHANGE_SLOTS // CLUSTER`` rows at most), which must be written once per tile.
     """
     m, n = x.shape
     vb, tpr, threads, cluster, pipe = p["VEC_BYTES"], p["TPR"], p["THREADS"], p["CLUSTER"], p["PIPE"]
@@ -115,7 +115,7 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
     slice_b = cpc * 16
     wsl = pipe_weight_bytes(p, case)
     assert wsl == (cpc * 64 // esz if p.get("WSMEM") else 0)
-    xrows = p["TILE_ROWS"] if cluster == 1 else min(p["TILE_ROWS"], 64 // cluster)
+    xrows = p["TILE_ROWS"] if cluster == 1 else min(p["TILE_ROWS"], EXCHANGE_SLOTS // cluster)
     rows_pt = min((launch.shared_mem - wsl) // (pipe * slice_b), xrows) if slice_b else 0
     if (x_off | y_off) % 16 or row_bytes % 16 or rows_pt < 1:
         return emulate(x, w, dict(p, STAGE=2), esz, x_off, y_off, eps)  # the kernel's fallback
@@ -182,7 +182,7 @@ PIPE_CONFIGS = [
     {"THREADS": 64, "TPR": 8, "VEC_BYTES": 8, "CLUSTER": 1, "PERSISTENT": 0, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 16},
     {"THREADS": 64, "TPR": 64, "VEC_BYTES": 16, "CLUSTER": 4, "PERSISTENT": 1, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 2},
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 4, "CLUSTER": 16, "PERSISTENT": 2, "STAGE": 3, "PIPE": 4, "TILE_ROWS": 1},
-    # more rows per tile than a cluster's exchange holds (64 // CLUSTER = 4)
+    # more rows per tile than a cluster's exchange holds (EXCHANGE_SLOTS // CLUSTER = 4)
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "CLUSTER": 16, "PERSISTENT": 0, "STAGE": 3, "PIPE": 1, "TILE_ROWS": 8},
     # the weight slice in shared memory, with and without a cluster
     {"THREADS": 64, "TPR": 64, "VEC_BYTES": 16, "CLUSTER": 4, "PERSISTENT": 1, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 2,
