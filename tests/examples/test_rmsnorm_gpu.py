@@ -219,6 +219,21 @@ def test_forward_cluster_exchange(cuda_device, knobs: dict[str, int]) -> None:
     assert (ratio == ratio[:, :1]).all(), f"{p}: rstd differs along a row (ranks disagree)"
 
 
+@pytest.mark.parametrize("woff", [0, 1, 2])
+def test_forward_pipeline_weights_alignment(cuda_device, woff: int) -> None:
+    """STAGE 3 tests the weights' 16-byte alignment once per CTA and then loads them without a
+    per-vector test: aligned weights, and weights 4 and 8 bytes off (the general loads), with and
+    without a cluster, from registers and from shared memory."""
+    prob = make_forward_problem()
+    base = dict(prob.seeds[0].params, STAGE=3, VEC_BYTES=16, LOAD_HINT=3, STORE_HINT=1, OCCUPANCY=0, PIPE=1)
+    for p in (dict(base, THREADS=128, TPR=128, CLUSTER=16, MAX_VECS=4, TILE_ROWS=1),
+              dict(base, THREADS=256, TPR=256, CLUSTER=1, MAX_VECS=4, TILE_ROWS=2),
+              dict(base, THREADS=128, TPR=32, CLUSTER=1, MAX_VECS=2, TILE_ROWS=8)):
+        assert prob.params.is_valid(p), p
+        _check(prob, prob.seeds[0].with_params(**p), PIPE_SHAPES + [{"M": 9, "N": 32768}],
+               offsets={"w": woff} if woff else None)
+
+
 @pytest.mark.parametrize("offsets", [{"x": 1, "y": 3}, {"x": 1, "y": 1}, {"x": 0, "y": 2}],
                          ids=["x-y-differ", "x-y-alike", "y-only"])
 def test_forward_misaligned_views(cuda_device, offsets: dict[str, int]) -> None:
