@@ -388,7 +388,10 @@ class Engine:
         seed: Seed of the engine's RNG (selection and the operators' RNG streams).
         warm_start: An archive (or its path) of another run (other shapes or GPU): its
             elites (and per-case champions, see ``EngineConfig.warm_start_champions``) are
-            re-evaluated here as seeds and its lessons are copied (once).
+            re-evaluated here as seeds, ahead of the problem's own seeds, and its lessons
+            are copied (once). Going first, an earlier run's champions set each case's
+            best time early, so racing (``EngineConfig.racing``) stops the seeds' slower
+            cases after a few batches instead of timing them in full.
 
     If the archive holds engine state from an earlier session, the engine resumes it:
     counters, RNG stream, bandit, islands; pending candidates are evaluated again unless
@@ -524,7 +527,7 @@ class Engine:
         """Propose up to ``n`` new candidates (fewer if the operators keep failing).
 
         Queued candidates (restored from a killed session) come first, then the
-        problem's seeds (and warm-start elites), then operator proposals.
+        warm-start genomes, then the problem's seeds, then operator proposals.
 
         Raises:
             EngineStateError: The engine is closed.
@@ -1116,7 +1119,7 @@ class Engine:
 
                 for case, r in best_per_case(src).items():
                     picks.setdefault(r.genome.id, (r, []))[1].append(case)
-            queued = 0
+            items: list[dict[str, Any]] = []
             for r, cases in picks.values():
                 bad = self.problem.params.violations(r.genome.params)
                 if bad:
@@ -1125,9 +1128,10 @@ class Engine:
                 origin: dict[str, Any] = {"source_id": r.id, "source_fitness": r.fitness, "source_problem": name}
                 if cases:
                     origin["champion_of"] = cases
-                self._seed_queue.append({"genome": r.genome.to_dict(), "operator": "warm_start",
-                                         "meta": {"warm_start": origin}})
-                queued += 1
+                items.append({"genome": r.genome.to_dict(), "operator": "warm_start",
+                              "meta": {"warm_start": origin}})
+            self._seed_queue.extendleft(reversed(items))  # ahead of the problem's seeds, in order
+            queued = len(items)
             copied = 0
             for lesson in src.lessons.all():
                 self.archive.lessons.append(lesson.replace(seq=-1))

@@ -349,6 +349,36 @@ def test_warm_start_from_another_archive(tmp_path: Path) -> None:
         assert eng.archive.load_state()["seed_queue"] == []
 
 
+def test_warm_start_genomes_go_before_the_problems_seeds(tmp_path: Path) -> None:
+    """An earlier run's elites are asked for ahead of the problem's seeds (so they set the
+    racing incumbents first), in their own order, and a reopened engine keeps that order."""
+    from archive import Archive
+
+    src_problem = make_problem("cpu_axpy_small")
+    src = Archive(src_problem, str(tmp_path / "src"))
+    olds = [seed_genome(UNROLL=u, VEC=v) for u, v in ((2, 1), (1, 2), (2, 4))]
+    for i, g in enumerate(olds):
+        ev = Evaluation(Status.OK, fitness=1.0 - 0.1 * i, resources={"registers": 8 + 8 * i})
+        src.add(Record(g, ev, operator="param_mutation"))
+    src.close()
+    seeds = (seed_genome(), seed_genome(THREADS=256))
+    assert seeds[0].id != seeds[1].id
+    dst_problem = make_problem("cpu_axpy_big", seeds=seeds)
+    cfg = EngineConfig(islands=1, warm_start_elites=3, warm_start_champions=False)
+    with Engine(dst_problem, str(tmp_path / "dst"), evaluator=ParamsExecutor(), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        first = eng.ask(2)
+        queued = [item["genome"]["id"] for item in eng.archive.load_state()["seed_queue"]]
+    assert [c.operator for c in first] == ["warm_start", "warm_start"]
+    assert [c.genome.id for c in first] == [olds[0].id, olds[1].id]  # best first
+    assert queued == [olds[2].id, seeds[0].id, seeds[1].id]
+    with Engine(dst_problem, str(tmp_path / "dst"), evaluator=ParamsExecutor(), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:  # reopened: the two asked are pending
+        rest = eng.ask(5)
+    assert [c.genome.id for c in rest][:2] == [olds[0].id, olds[1].id]
+    assert [c.genome.id for c in rest][2:5] == [olds[2].id, seeds[0].id, seeds[1].id]
+
+
 def test_archive_object_is_not_closed_by_engine(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     arch = Archive(problem, str(tmp_path / "a"))
     with Engine(problem, arch, evaluator=ParamsExecutor(), config=EngineConfig(islands=1)) as eng:
