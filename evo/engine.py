@@ -56,6 +56,17 @@ LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair")
 SEED_OPERATORS = ("seed", "warm_start")
 
 
+def _found_by(record: Any) -> str | None:
+    """The operator that first made ``record``'s genome, across warm starts: its own operator,
+    or for a warm-started record the one its warm start recorded (None where an older archive
+    did not record it)."""
+    if record.operator != "warm_start":
+        return str(record.operator)
+    origin = (record.meta or {}).get("warm_start")
+    found = origin.get("found_by") if isinstance(origin, Mapping) else None
+    return str(found) if found else None
+
+
 class EngineError(RuntimeError):
     """The engine cannot go on (no parents to vary, the executor keeps failing, ...)."""
 
@@ -1125,7 +1136,8 @@ class Engine:
                 if bad:
                     log.info("warm start: skipping %s (%s)", r.id[:12], "; ".join(bad))
                     continue
-                origin: dict[str, Any] = {"source_id": r.id, "source_fitness": r.fitness, "source_problem": name}
+                origin: dict[str, Any] = {"source_id": r.id, "source_fitness": r.fitness, "source_problem": name,
+                                          "found_by": _found_by(r)}
                 if cases:
                     origin["champion_of"] = cases
                 items.append({"genome": r.genome.to_dict(), "operator": "warm_start",

@@ -58,10 +58,12 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
         genome's params), ``steps`` (None here;
         :func:`write_report` fills in the operator steps from its seed), ``seed_ms`` (the
         fastest seed's time on that case, or None) and ``speedup``
-        (``seed_ms / time_ms``, or None). Seeds are the records of the operators
+        (``seed_ms / time_ms``, or None), ``found_by`` (the operator that first made the
+        genome: its own, or for a warm-started record the one its earlier run recorded,
+        None where that archive did not say). Seeds are the records of the operators
         ``"seed"`` and ``"warm_start"``.
     """
-    from evo.engine import SEED_OPERATORS
+    from evo.engine import SEED_OPERATORS, _found_by
     from evo.export import best_per_case
 
     def time_of(rec: Any, key: str) -> tuple[float, float | None]:
@@ -76,7 +78,7 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
         out.append({"case": key, "time_ms": t, "fraction": frac, "id": rec.id, "operator": rec.operator,
                     "evaluation": rec.seq + 1 if rec.seq >= 0 else None, "seed": rec.operator in SEED_OPERATORS,
                     "params": dict(rec.genome.params), "steps": None, "seed_ms": seed_ms,
-                    "speedup": seed_ms / t if seed_ms is not None else None})
+                    "speedup": seed_ms / t if seed_ms is not None else None, "found_by": _found_by(rec)})
     return out
 
 
@@ -371,19 +373,20 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
     md += ["## Per-case champions", ""]
     if champions:
         found = [c for c in champions if not c["seed"]]
-        by_op: dict[str, int] = {}
-        for c in found:
-            by_op[c["operator"]] = by_op.get(c["operator"], 0) + 1
-        ops = ", ".join(f"{k} {v}" for k, v in sorted(by_op.items()))
+        warm = [c for c in champions if c["operator"] == "warm_start"]
         md += [f"The fastest OK record of each case (what an export dispatches): {len(found)} of "
-               f"{len(champions)} found by the search" + (f" ({ops})" if ops else "") + ", "
-               f"{len(champions) - len(found)} by seeds. `seed / champion`: the fastest seed's time on "
-               "that case over the champion's.", "",
+               f"{len(champions)} found by the search" + _op_counts(found, "operator") + ", "
+               + (_warm_origins(warm) if warm else "")
+               + f"{len(champions) - len(found) - len(warm)} by seeds. `seed / champion`: the fastest seed's "
+               "time on that case over the champion's.", "",
                "| case | time (ms) | fraction | genome | operator | evaluation | steps from seed | "
                "seed / champion |", "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
         for c in champions:
+            op = c["operator"]
+            if op == "warm_start" and c.get("found_by"):
+                op = f"warm_start ({c['found_by']})"
             md.append(f"| {c['case']} | {_g(c['time_ms'])} | {_g(c['fraction'], '.1%')} | `{c['id'][:12]}` | "
-                      f"{c['operator']} | {_g(c['evaluation'])} | {_g(c['steps'])} | "
+                      f"{op} | {_g(c['evaluation'])} | {_g(c['steps'])} | "
                       f"{_g(c['speedup'], '.3f')}{'x' if c['speedup'] is not None else ''} |")
         md += ["", *_champion_genomes(champions), ""]
     else:
@@ -430,6 +433,27 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
     path = out / "report.md"
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
     return path
+
+
+def _op_counts(champions: Sequence[Mapping[str, Any]], key: str) -> str:
+    """`` (crossover 2, mutation 1)`` from the champions' ``key``; empty when there are none."""
+    by_op: dict[str, int] = {}
+    for c in champions:
+        by_op[str(c[key])] = by_op.get(str(c[key]), 0) + 1
+    return " (" + ", ".join(f"{k} {v}" for k, v in sorted(by_op.items())) + ")" if by_op else ""
+
+
+def _warm_origins(warm: Sequence[Mapping[str, Any]]) -> str:
+    """Where warm-started champions came from: an earlier run's search, its seeds, or unknown."""
+    searched = [c for c in warm if c.get("found_by") not in (None, "seed")]
+    seeded = sum(1 for c in warm if c.get("found_by") == "seed")
+    unknown = len(warm) - len(searched) - seeded
+    parts = [f"{len(searched)} first found by an earlier run's search" + _op_counts(searched, "found_by")]
+    if seeded:
+        parts.append(f"{seeded} seeds there")
+    if unknown:
+        parts.append(f"{unknown} of unrecorded origin (an older archive)")
+    return f"{len(warm)} re-evaluated from a warm start ({'; '.join(parts)}), "
 
 
 def _champion_genomes(champions: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -379,6 +379,33 @@ def test_warm_start_genomes_go_before_the_problems_seeds(tmp_path: Path) -> None
     assert [c.genome.id for c in rest][2:5] == [olds[2].id, seeds[0].id, seeds[1].id]
 
 
+def test_warm_start_records_which_operator_first_found_each_genome(tmp_path: Path) -> None:
+    """``meta["warm_start"]["found_by"]``: the source record's operator, or, for a genome the
+    source run had itself warm-started, the operator recorded there (None if it recorded none)."""
+    from archive import Archive
+
+    src = Archive(make_problem("cpu_axpy_small"), str(tmp_path / "src"))
+    made = {(2, 1): ("param_crossover", {}), (1, 2): ("seed", {}),
+            (2, 2): ("warm_start", {"warm_start": {"source_id": "a", "found_by": "param_mutation"}}),
+            (4, 1): ("warm_start", {"warm_start": {"source_id": "b"}})}
+    ids = {}
+    for i, ((u, v), (op, meta)) in enumerate(made.items()):
+        g = seed_genome(UNROLL=u, VEC=v)
+        ids[g.id] = op, meta
+        ev = Evaluation(Status.OK, fitness=1.0 - 0.1 * i, resources={"registers": 8 + 8 * i})
+        src.add(Record(g, ev, operator=op, meta=meta))
+    src.close()
+    cfg = EngineConfig(islands=1, warm_start_elites=4, warm_start_champions=False)
+    with Engine(make_problem("cpu_axpy_big", seeds=()), str(tmp_path / "dst"), evaluator=ParamsExecutor(),
+                config=cfg, warm_start=str(tmp_path / "src")) as eng:
+        found = {c.genome.id: c.meta["warm_start"]["found_by"] for c in eng.ask(4)}
+    assert len(found) == 4
+    expect = {"param_crossover": "param_crossover", "seed": "seed"}
+    for gid, (op, meta) in ids.items():
+        want = expect.get(op) or meta["warm_start"].get("found_by")
+        assert found[gid] == want, (op, meta)
+
+
 def test_archive_object_is_not_closed_by_engine(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     arch = Archive(problem, str(tmp_path / "a"))
     with Engine(problem, arch, evaluator=ParamsExecutor(), config=EngineConfig(islands=1)) as eng:

@@ -95,6 +95,39 @@ def test_report_per_case_champions_say_where_each_came_from(tmp_path: Path) -> N
     assert f"| `{seed.id[:12]}` | 1 | UNROLL=1, VEC=2, THREADS=128 |" in text
 
 
+def test_report_says_where_warm_started_champions_were_first_found(tmp_path: Path) -> None:
+    """Champions re-evaluated from a warm start are credited to the operator that first made
+    them in the earlier run (carried by the engine as ``found_by``), or said to be of unrecorded
+    origin when an older archive did not record it."""
+    from archive import Archive
+
+    a = Archive(make_problem(), str(tmp_path / "a"))
+    base = Genome("extern \"C\" __global__ void axpy() {}", {"UNROLL": 1, "VEC": 1, "THREADS": 128}, entry="axpy")
+    keys = [f"N={n}:float32" for n in (1000, 2000, 3000, 4000, 5000)]
+
+    def rec(g: Genome, win: str, op: str, origin: dict | None = None) -> Record:
+        cases = {k: {"time_ms": 0.01 if k == win else 1.0} for k in keys}
+        ev = Evaluation(Status.OK, fitness=0.5, metrics={"cases": cases}, resources={"registers": 32})
+        return Record(g, ev, operator=op, meta={"warm_start": origin} if origin is not None else {})
+
+    crossed = base.with_params(UNROLL=2)
+    a.add(rec(crossed, keys[0], "warm_start", {"source_id": "x", "found_by": "param_crossover"}))
+    mutated = base.with_params(UNROLL=4)
+    a.add(rec(mutated, keys[1], "warm_start", {"source_id": "y", "found_by": "param_mutation"}))
+    a.add(rec(base.with_params(VEC=2), keys[2], "warm_start", {"source_id": "z", "found_by": "seed"}))
+    a.add(rec(base.with_params(VEC=4), keys[3], "warm_start", {"source_id": "w"}))  # older archive
+    a.add(rec(base, keys[4], "seed"))
+    a.close()
+    text = write_report(tmp_path / "a", tmp_path / "rep").read_text()
+    assert ("0 of 5 found by the search, 4 re-evaluated from a warm start (2 first found by an earlier run's "
+            "search (param_crossover 1, param_mutation 1); 1 seeds there; 1 of unrecorded origin (an older "
+            "archive)), 1 by seeds.") in text
+    assert f"| {keys[0]} | 0.01 | - | `{crossed.id[:12]}` | warm_start (param_crossover) |" in text
+    (c,) = [c for c in case_champions([rec(mutated, keys[1], "warm_start", {"found_by": "param_mutation"})])
+            if c["case"] == keys[1]]
+    assert c["found_by"] == "param_mutation" and c["seed"]
+
+
 def test_case_champions_without_seeds_or_lineage() -> None:
     g = Genome("k", {"A": 1})
     ev = Evaluation(Status.OK, fitness=1.0, metrics={"cases": {"c": {"time_ms": 2.0}}})
