@@ -274,6 +274,53 @@ def skip_providers(provs: dict[str, Any], skip: str) -> tuple[dict[str, Any], li
     return {k: v for k, v in provs.items() if k not in names}, names
 
 
+def summary(times: dict[tuple[str, int, str], float | None], names: list[str], ours: str = "evo (ours)") -> list[str]:
+    """Markdown lines comparing ``ours`` with every other provider, from the run's medians.
+
+    Args:
+        times: ``(dtype, N, provider) -> median ms`` (None: the provider failed there).
+        names: The providers in table order (``ours`` among them).
+        ours: The provider compared.
+
+    Returns:
+        One table per dtype: for each peer, its time over ours per N (above 1: ours faster;
+        ``F``: the peer failed; ``-``: ours failed), then the fastest peer over ours; and a
+        line counting the cases where ours is faster than every peer that ran. Empty when
+        ``ours`` did not run.
+    """
+    if ours not in names:
+        return []
+    peers = [n for n in names if n != ours]
+    cases = sorted({(d, n) for d, n, _ in times}, key=lambda c: (c[0], c[1]))
+    if not cases or not peers:
+        return []
+    out = ["", f"Peer's time / {ours}'s time (above 1: ours faster; F: the peer failed; -: ours failed).", ""]
+    wins = 0
+    for dtype in sorted({d for d, _ in cases}):
+        ns = [n for d, n in cases if d == dtype]
+        out += [f"| {dtype} | " + " | ".join(str(n) for n in ns) + " |", "|---" * (len(ns) + 1) + "|"]
+        fastest: list[str] = []
+        rows: dict[str, list[str]] = {p: [] for p in peers}
+        for n in ns:
+            mine = times.get((dtype, n, ours))
+            ran = [times.get((dtype, n, p)) for p in peers]
+            for p, t in zip(peers, ran, strict=True):
+                rows[p].append("F" if t is None else ("-" if mine is None else f"{t / mine:.3f}"))
+            ok = [t for t in ran if t is not None]
+            if mine is None:
+                fastest.append("-")
+            elif not ok:
+                fastest.append("F")
+                wins += 1
+            else:
+                fastest.append(f"{min(ok) / mine:.3f}")
+                wins += min(ok) > mine
+        out += [f"| {p} | " + " | ".join(r) + " |" for p, r in rows.items()]
+        out += ["| **fastest peer** | " + " | ".join(f"**{v}**" for v in fastest) + " |", ""]
+    out.append(f"{ours} is faster than every peer that ran on {wins} of {len(cases)} cases.")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="RMSNorm forward peers benchmark (H100/H200)")
     ap.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py")
@@ -334,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text("\n".join(lines) + "\n")  # rows are appended as they are measured
     print("\n".join(lines), flush=True)
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    times: dict[tuple[str, int, str], float | None] = {}
     for dtype in args.dtypes.split(","):
         for m, n in shapes:
             elem = torch.finfo(tdt[dtype]).bits // 8
@@ -359,8 +407,10 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         ms, spread = bench(provs[name], xs, w)
                     tbs = nbytes / (ms * 1e-3) / 1e12
+                    times[(dtype, n, name)] = ms
                     cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
                 except Exception as e:  # noqa: BLE001 - shown, never dropped
+                    times[(dtype, n, name)] = None
                     cells.append(f"FAILED {type(e).__name__}")
                     print(f"  {name} on {m}x{n} {dtype}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
                     try:
@@ -373,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(row + "\n")
             xs = dys = rstds = None  # free this case's buffers before the next
             torch.cuda.empty_cache()
+    tail = summary(times, names)
+    if tail:
+        print("\n".join(tail))
+        with out.open("a") as fh:
+            fh.write("\n".join(tail) + "\n")
     print(f"wrote {out}")
     return 0
 

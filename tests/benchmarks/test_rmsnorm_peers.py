@@ -131,3 +131,21 @@ def test_torch_compile_providers_weight_dtypes() -> None:
         err = float((y.float() - ref).norm() / ref.norm())
         assert err < 1e-2, (name, err)
     assert "torch.compile fp32 w" not in rmsnorm_peers.providers_backward(None)
+
+
+def test_summary_ratios_and_wins() -> None:
+    """Each peer's time over ours per N, the fastest peer's, and the count of cases ours wins;
+    a failed peer is F (and does not count against ours), a failed case of ours is -."""
+    names = ["evo (ours)", "torch", "quack"]
+    times = {("bfloat16", 256, "evo (ours)"): 2.0, ("bfloat16", 256, "torch"): 4.0, ("bfloat16", 256, "quack"): 1.0,
+             ("bfloat16", 512, "evo (ours)"): 1.0, ("bfloat16", 512, "torch"): 3.0, ("bfloat16", 512, "quack"): None,
+             ("float32", 256, "evo (ours)"): None, ("float32", 256, "torch"): 1.0, ("float32", 256, "quack"): 1.0}
+    lines = rmsnorm_peers.summary(times, names)
+    text = "\n".join(lines)
+    assert "| bfloat16 | 256 | 512 |" in text
+    assert "| torch | 2.000 | 3.000 |" in text
+    assert "| quack | 0.500 | F |" in text
+    assert "| **fastest peer** | **0.500** | **3.000** |" in text
+    assert "| quack | - |" in text and "| **fastest peer** | **-** |" in text  # float32: ours failed
+    assert lines[-1] == "evo (ours) is faster than every peer that ran on 1 of 3 cases."
+    assert rmsnorm_peers.summary(times, ["torch", "quack"]) == []  # ours did not run
