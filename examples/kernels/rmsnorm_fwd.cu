@@ -883,25 +883,38 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
     // be issued together (the per-vector test put a branch between every vector's loads).
     const bool wa16 = !WSMEM && E % 4 == 0 && (reinterpret_cast<unsigned long long>(ws) & 15) == 0;
     // y = x * rstd * w for this thread's vectors of one row, x from shared memory (`sv`) or, when the
-    // slice fit one batch, from registers (`b`); a16 (a BoolC): the weights are 16-byte aligned.
+    // slice fit one batch, from registers (`b`); each runs the instantiation wa16 picks.
     // Unrolled by 4 in the cluster forms with batches of 4 or more vectors: on the H200, 4 beat 2 by
     // 2-4% on the 8- and 16-CTA clusters (one sweep, 64K-256K); 4 spilled 36-104 bytes without a
     // cluster and 12-24 with batches of 1-2 vectors, at 64 registers.
     constexpr int NORM_UNROLL = CLUSTER > 1 && MAX_VECS >= 4 ? 4 : 2;
-    auto norm_smem = [&](auto a16, const Vec* sv, char* yr, float rstd) {
-        const Vec* sx = sv + t;  // this thread's first vector; the k-th is TPR * k further
-        const float* wt = wn + t * E;
-        char* yt = yr + t * VEC_BYTES;
+    auto norm_smem = [&](const Vec* sv, char* yr, float rstd) {
+        auto run = [&](auto a16) {
+            const Vec* sx = sv + t;  // this thread's first vector; the k-th is TPR * k further
+            const float* wt = wn + t * E;
+            char* yt = yr + t * VEC_BYTES;
 #pragma unroll NORM_UNROLL
-        for (int k = 0; k < nmine; ++k)
-            norm_store<DT, WSMEM, decltype(a16)::value>(sx[k * TPR], wt + k * (TPR * E), rstd, yt + k * (TPR * VEC_BYTES));
+            for (int k = 0; k < nmine; ++k)
+                norm_store<DT, WSMEM, decltype(a16)::value>(sx[k * TPR], wt + k * (TPR * E), rstd,
+                                                            yt + k * (TPR * VEC_BYTES));
+        };
+        if (wa16)
+            run(BoolC<true>{});
+        else
+            run(BoolC<false>{});
     };
-    auto norm_regs = [&](auto a16, const Vec (&b)[MAX_VECS], char* yr, float rstd) {
+    auto norm_regs = [&](const Vec (&b)[MAX_VECS], char* yr, float rstd) {
+        auto run = [&](auto a16) {
 #pragma unroll
-        for (int kk = 0; kk < MAX_VECS; ++kk)
-            if (kk < nmine)
-                norm_store<DT, WSMEM, decltype(a16)::value>(b[kk], wn + (kk * TPR + t) * E, rstd,
-                                                            yr + (kk * TPR + t) * VEC_BYTES);
+            for (int kk = 0; kk < MAX_VECS; ++kk)
+                if (kk < nmine)
+                    norm_store<DT, WSMEM, decltype(a16)::value>(b[kk], wn + (kk * TPR + t) * E, rstd,
+                                                                yr + (kk * TPR + t) * VEC_BYTES);
+        };
+        if (wa16)
+            run(BoolC<true>{});
+        else
+            run(BoolC<false>{});
     };
 #if CLUSTER > 1
     const unsigned xbar = bar0 + 8 * (PIPE + WSMEM);  // two exchange barriers, one per tile parity
@@ -975,16 +988,10 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
             const float rstd = rsqrt_of(ms);
             if (valid) {
                 char* yr = ys + (row0 + rr) * row_bytes;
-                if (nmine <= MAX_VECS) {  // the slice is still in registers
-                    if (wa16)
-                        norm_regs(BoolC<true>{}, b, yr, rstd);
-                    else
-                        norm_regs(BoolC<false>{}, b, yr, rstd);
-                } else if (wa16) {
-                    norm_smem(BoolC<true>{}, sv, yr, rstd);
-                } else {
-                    norm_smem(BoolC<false>{}, sv, yr, rstd);
-                }
+                if (nmine <= MAX_VECS)  // the slice is still in registers
+                    norm_regs(b, yr, rstd);
+                else
+                    norm_smem(sv, yr, rstd);
             }
 #else
             if (tid < CLUSTER) {  // RPC == 1: row rr is valid; lane q sends the partial to rank q
@@ -1004,10 +1011,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
             const float rstd = rsqrt_of(ms);
             const Vec* sv = reinterpret_cast<const Vec*>(tb + rr * slice);
             char* yr = ys + (row0 + rr) * row_bytes;
-            if (wa16)
-                norm_smem(BoolC<true>{}, sv, yr, rstd);
-            else
-                norm_smem(BoolC<false>{}, sv, yr, rstd);
+            norm_smem(sv, yr, rstd);
         }
 #endif
         __syncthreads();  // buffer s is read: refill it
