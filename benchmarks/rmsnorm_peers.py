@@ -34,6 +34,16 @@ backward in torch (eager and torch.compile) and QuACK's ``rmsnorm_bwd``; bytes
     python benchmarks/rmsnorm_peers.py --module runs/rmsnorm_h100.dispatch.py
     python benchmarks/rmsnorm_peers.py --backward --archive runs/rmsnorm_bwd_h100.lmdb --skip "quack tuned"
     python benchmarks/rmsnorm_peers.py --module runs/rmsnorm_h100.dispatch.py --skip "quack tuned" --require all
+
+A whole forward table (33 cases, seven providers, torch.compile and QuACK compiling per
+case) can take longer than one sitting allows: ``--time-limit S`` starts no new case after
+S seconds and writes the summary of the rows it has; ``--resume`` then keeps the rows
+already in ``--out`` (same providers), times only the missing cases and writes the summary
+over all of them. Each invocation measures its own copy ceiling; the file records it, and a
+row's "% copy" is against the ceiling of the invocation that timed it.
+
+    python benchmarks/rmsnorm_peers.py --module M --require all --time-limit 500
+    python benchmarks/rmsnorm_peers.py --module M --require all --time-limit 500 --resume
 """
 
 from __future__ import annotations
@@ -43,7 +53,9 @@ import datetime
 import importlib
 import importlib.util
 import platform
+import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -321,6 +333,107 @@ def summary(times: dict[tuple[str, int, str], float | None], names: list[str], o
     return out
 
 
+_ROW = re.compile(r"^\| (\d+)x(\d+) (\w+) \| (.*) \|\s*$")
+
+
+class PeerTable:
+    """A peers table read back from its Markdown file (what ``--resume`` continues).
+
+    Attributes:
+        head: The lines before the table (title, machine, copy ceilings).
+        names: The provider columns, in order.
+        rows: The case rows as written, in order.
+        times: ``(dtype, N, provider) -> median ms`` (None where the provider failed).
+    """
+
+    def __init__(self, head: list[str], names: list[str], rows: list[str],
+                 times: dict[tuple[str, int, str], float | None]) -> None:
+        self.head = head
+        self.names = names
+        self.rows = rows
+        self.times = times
+
+    def done(self) -> set[tuple[str, int]]:
+        """The ``(dtype, N)`` cases that have a row."""
+        return {(d, n) for d, n, _ in self.times}
+
+
+def parse_table(text: str) -> PeerTable:
+    """Read a table written by this benchmark (rows, times, header; the summary is dropped).
+
+    Raises:
+        ValueError: The text holds no table of this benchmark, or a row has a different
+            number of cells than the header has providers (the message says which).
+    """
+    lines = text.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.startswith("| case | "))
+    except StopIteration:
+        raise ValueError("no peers table in it (no '| case | ...' header line)") from None
+    names = [c.strip() for c in lines[start].strip().strip("|").split("|")][1:]
+    rows: list[str] = []
+    times: dict[tuple[str, int, str], float | None] = {}
+    for line in lines[start + 2:]:
+        m = _ROW.match(line)
+        if m is None:
+            if line.strip():
+                break  # the summary (or anything else) ends the table
+            continue
+        cells = [c.strip() for c in m.group(4).split("|")]
+        if len(cells) != len(names):
+            raise ValueError(f"row {line[:60]!r} has {len(cells)} cells for {len(names)} providers")
+        n, dtype = int(m.group(2)), m.group(3)
+        for name, cell in zip(names, cells, strict=True):
+            times[(dtype, n, name)] = None if cell.startswith("FAILED") else float(cell.split("/")[0])
+        rows.append(line)
+    return PeerTable(lines[:start], names, rows, times)
+
+
+def resume_table(path: Path, names: list[str]) -> PeerTable | None:
+    """The table to continue at ``path`` (None when there is no file), checked against ``names``.
+
+    Raises:
+        SystemExit: The file holds no table of this benchmark, or other providers (its rows
+            could not be compared with new ones); the message says what to do.
+    """
+    if not path.exists():
+        return None
+    try:
+        table = parse_table(path.read_text())
+    except ValueError as e:
+        raise SystemExit(f"--resume: {path}: {e}; pass another --out, or leave out --resume to start afresh") from None
+    if table.names != names:
+        raise SystemExit(f"--resume: {path} has the providers {table.names}, this run {names}; "
+                         "pass the same --skip as the run that wrote it, or another --out")
+    return table
+
+
+def table_start(prior: PeerTable | None, names: list[str], copy_tbs: float) -> list[str]:
+    """The lines a run writes before its first new row: the table header, or (``--resume``)
+    the earlier file's header, a line saying where the later rows start and what copy
+    ceiling they are against, the header and the earlier rows."""
+    lines: list[str] = []
+    if prior is not None:
+        lines = [*prior.head]
+        while lines and not lines[-1].strip():
+            lines.pop()
+        lines += [f"Resumed {datetime.datetime.now().isoformat(timespec='minutes')}: the rows after the first "
+                  f"{len(prior.rows)} were timed by a later invocation, copy ceiling {copy_tbs:.3f} TB/s "
+                  "(their % copy is against it).", ""]
+    lines.append("| case | " + " | ".join(names) + " |")
+    lines.append("|---" * (len(names) + 1) + "|")
+    if prior is not None:
+        lines += prior.rows
+    return lines
+
+
+def pending_cases(dtypes: list[str], shapes: list[tuple[int, int]],
+                  prior: PeerTable | None) -> list[tuple[str, int, int]]:
+    """``(dtype, M, N)`` of the cases to time, in table order: all, or those ``prior`` lacks."""
+    done = prior.done() if prior is not None else set()
+    return [(dtype, m, n) for dtype in dtypes for m, n in shapes if (dtype, n) not in done]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="RMSNorm forward peers benchmark (H100/H200)")
     ap.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py")
@@ -334,7 +447,12 @@ def main(argv: list[str] | None = None) -> int:
                     "whose autotuning takes minutes per case)")
     ap.add_argument("--require", default="", help="comma list of providers (or 'all') that must load: "
                     "stop before timing if one did not (default: a peer that fails is shown as FAILED)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in --out (same providers) and time only the missing cases")
+    ap.add_argument("--time-limit", type=float, default=None, metavar="S",
+                    help="start no new case after S seconds; the summary covers the rows written")
     args = ap.parse_args(argv)
+    started = time.monotonic()
     import torch
 
     if not torch.cuda.is_available():
@@ -347,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     provs, skipped = skip_providers(provs, args.skip)
     check_required(provs, args.require)
     provs = {name: holding(make) for name, make in provs.items()}  # outputs rotate with the inputs
+    out = Path(args.out)
+    prior = resume_table(out, list(provs)) if args.resume else None  # checked before any timing
     all_shapes = SHAPES
     if args.backward:
         from examples.rmsnorm_problem import make_backward_problem
@@ -374,55 +494,63 @@ def main(argv: list[str] | None = None) -> int:
              + ("Bytes: 3*M*N*elem + 4*M + 8*N." if args.backward else "Bytes: 2*M*N*elem + 4*N.")
              + (f" Not timed in this run (--skip): {', '.join(skipped)}." if skipped else ""), ""]
     names = list(provs)
-    lines.append("| case | " + " | ".join(names) + " |")
-    lines.append("|---" * (len(names) + 1) + "|")
-    out = Path(args.out)
+    times: dict[tuple[str, int, str], float | None] = {}
+    if prior is not None:
+        times.update(prior.times)
+        lines = table_start(prior, names, copy_tbs)
+    else:
+        lines += table_start(None, names, copy_tbs)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")  # rows are appended as they are measured
     print("\n".join(lines), flush=True)
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
-    times: dict[tuple[str, int, str], float | None] = {}
-    for dtype in args.dtypes.split(","):
-        for m, n in shapes:
-            elem = torch.finfo(tdt[dtype]).bits // 8
-            one = m * n * elem
-            free = torch.cuda.mem_get_info()[0]
-            per_set = (3 if args.backward else 2) * one  # x + y, or x + dy + dx
-            sets = rotation_sets(l2, per_set, most=16, fit=int(0.4 * free // per_set))
-            xs = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
-            w = torch.randn(n, device="cuda", dtype=torch.float32)
-            dys = rstds = None
-            if args.backward:
-                dys = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
-                rstds = [torch.rsqrt(x.float().pow(2).mean(dim=1) + EPS) for x in xs]
-                nbytes = 3 * m * n * elem + 4 * m + 8 * n
-            else:
-                nbytes = 2 * m * n * elem + 4 * n
-            cells = []
-            for name in names:
+    todo = pending_cases(args.dtypes.split(","), shapes, prior)
+    left = len(todo)
+    for dtype, m, n in todo:
+        if args.time_limit is not None and time.monotonic() - started > args.time_limit:
+            print(f"stopped by --time-limit {args.time_limit:g} s with {left} of {len(todo)} cases left; "
+                  "run again with --resume to time them", flush=True)
+            break
+        left -= 1
+        elem = torch.finfo(tdt[dtype]).bits // 8
+        one = m * n * elem
+        free = torch.cuda.mem_get_info()[0]
+        per_set = (3 if args.backward else 2) * one  # x + y, or x + dy + dx
+        sets = rotation_sets(l2, per_set, most=16, fit=int(0.4 * free // per_set))
+        xs = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
+        w = torch.randn(n, device="cuda", dtype=torch.float32)
+        dys = rstds = None
+        if args.backward:
+            dys = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
+            rstds = [torch.rsqrt(x.float().pow(2).mean(dim=1) + EPS) for x in xs]
+            nbytes = 3 * m * n * elem + 4 * m + 8 * n
+        else:
+            nbytes = 2 * m * n * elem + 4 * n
+        cells = []
+        for name in names:
+            try:
+                if args.backward:
+                    res = time_calls([provs[name](x, w, dy, r) for x, dy, r in zip(xs, dys, rstds, strict=True)])
+                    ms, spread = res.time_ms, res.spread
+                else:
+                    ms, spread = bench(provs[name], xs, w)
+                tbs = nbytes / (ms * 1e-3) / 1e12
+                times[(dtype, n, name)] = ms
+                cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
+            except Exception as e:  # noqa: BLE001 - shown, never dropped
+                times[(dtype, n, name)] = None
+                cells.append(f"FAILED {type(e).__name__}")
+                print(f"  {name} on {m}x{n} {dtype}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
                 try:
-                    if args.backward:
-                        res = time_calls([provs[name](x, w, dy, r) for x, dy, r in zip(xs, dys, rstds, strict=True)])
-                        ms, spread = res.time_ms, res.spread
-                    else:
-                        ms, spread = bench(provs[name], xs, w)
-                    tbs = nbytes / (ms * 1e-3) / 1e12
-                    times[(dtype, n, name)] = ms
-                    cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
-                except Exception as e:  # noqa: BLE001 - shown, never dropped
-                    times[(dtype, n, name)] = None
-                    cells.append(f"FAILED {type(e).__name__}")
-                    print(f"  {name} on {m}x{n} {dtype}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
-                    try:
-                        torch.cuda.synchronize()
-                    except Exception:  # noqa: BLE001 - a poisoned context fails every later case too
-                        pass
-            row = f"| {m}x{n} {dtype} | " + " | ".join(cells) + " |"
-            print(row, flush=True)
-            with out.open("a") as fh:  # a run cut short keeps every finished row
-                fh.write(row + "\n")
-            xs = dys = rstds = None  # free this case's buffers before the next
-            torch.cuda.empty_cache()
+                    torch.cuda.synchronize()
+                except Exception:  # noqa: BLE001 - a poisoned context fails every later case too
+                    pass
+        row = f"| {m}x{n} {dtype} | " + " | ".join(cells) + " |"
+        print(row, flush=True)
+        with out.open("a") as fh:  # a run cut short keeps every finished row
+            fh.write(row + "\n")
+        xs = dys = rstds = None  # free this case's buffers before the next
+        torch.cuda.empty_cache()
     tail = summary(times, names)
     if tail:
         print("\n".join(tail))

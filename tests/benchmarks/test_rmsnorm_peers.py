@@ -149,3 +149,72 @@ def test_summary_ratios_and_wins() -> None:
     assert "| quack | - |" in text and "| **fastest peer** | **-** |" in text  # float32: ours failed
     assert lines[-1] == "evo (ours) is faster than every peer that ran on 1 of 3 cases."
     assert rmsnorm_peers.summary(times, ["torch", "quack"]) == []  # ours did not run
+
+
+_TABLE = """# RMSNorm forward peers (2026-12-04)
+
+Machine: NVIDIA H200. Copy ceiling (D2D, same method): 4.230 TB/s.
+
+| case | evo (ours) | torch | quack tuned |
+|---|---|---|---|
+| 32768x256 bfloat16 | 0.0107 / 3.13 / 74% (±0.2%) | 0.0248 / 1.35 / 32% (±0.2%) | 0.0124 / 2.70 / 64% (±0.2%) |
+| 32768x32768 bfloat16 | 1.0719 / 4.01 / 95% (±0.5%) | 1.6734 / 2.57 / 61% (±0.1%) | FAILED CUDADialectError |
+
+Peer's time / evo (ours)'s time (above 1: ours faster; F: the peer failed; -: ours failed).
+
+| bfloat16 | 256 | 32768 |
+|---|---|---|
+| torch | 2.318 | 1.561 |
+"""
+
+
+def test_parse_table_reads_rows_times_and_failures_and_drops_the_summary() -> None:
+    t = rmsnorm_peers.parse_table(_TABLE)
+    assert t.names == ["evo (ours)", "torch", "quack tuned"]
+    assert len(t.rows) == 2 and t.rows[1].startswith("| 32768x32768 bfloat16 |")
+    assert t.times[("bfloat16", 256, "evo (ours)")] == 0.0107
+    assert t.times[("bfloat16", 32768, "quack tuned")] is None  # FAILED stays a failure, not a drop
+    assert t.done() == {("bfloat16", 256), ("bfloat16", 32768)}
+    assert t.head[0].startswith("# RMSNorm forward peers") and "4.230 TB/s" in t.head[2]
+    # the summary of the parsed times is the one a whole run writes
+    assert "faster than every peer that ran on 2 of 2 cases" in rmsnorm_peers.summary(t.times, t.names)[-1]
+
+
+def test_parse_table_rejects_text_without_a_table_and_ragged_rows() -> None:
+    with pytest.raises(ValueError, match="no peers table"):
+        rmsnorm_peers.parse_table("# notes\n\nnothing here\n")
+    ragged = _TABLE.replace("| 0.0124 / 2.70 / 64% (±0.2%) |", "|")
+    with pytest.raises(ValueError, match="2 cells for 3 providers"):
+        rmsnorm_peers.parse_table(ragged)
+
+
+def test_resume_keeps_earlier_rows_and_times_only_the_missing_cases(tmp_path: Path) -> None:
+    out = tmp_path / "peers.md"
+    assert rmsnorm_peers.resume_table(out, ["evo (ours)"]) is None  # nothing to resume: a fresh table
+    out.write_text(_TABLE)
+    names = ["evo (ours)", "torch", "quack tuned"]
+    prior = rmsnorm_peers.resume_table(out, names)
+    assert prior is not None
+    shapes = [(32768, 256), (32768, 32768), (8192, 262144)]
+    todo = rmsnorm_peers.pending_cases(["bfloat16", "float32"], shapes, prior)
+    assert todo == [("bfloat16", 8192, 262144), ("float32", 32768, 256), ("float32", 32768, 32768),
+                    ("float32", 8192, 262144)]
+    assert len(rmsnorm_peers.pending_cases(["bfloat16"], shapes, None)) == 3
+    lines = rmsnorm_peers.table_start(prior, names, 4.204)
+    text = "\n".join(lines)
+    assert text.startswith("# RMSNorm forward peers") and "4.230 TB/s" in text  # the first run's ceiling kept
+    assert "after the first 2 were timed by a later invocation, copy ceiling 4.204 TB/s" in text
+    assert lines[-2:] == prior.rows and "Peer's time" not in text  # the old summary is rewritten at the end
+    # the rewritten start parses back to the same rows
+    assert rmsnorm_peers.parse_table(text + "\n").times == prior.times
+
+
+def test_resume_refuses_a_table_of_other_providers_or_no_table(tmp_path: Path) -> None:
+    out = tmp_path / "peers.md"
+    out.write_text(_TABLE)
+    with pytest.raises(SystemExit, match="pass the same --skip"):
+        rmsnorm_peers.resume_table(out, ["evo (ours)", "torch"])
+    out.write_text("not a table\n")
+    with pytest.raises(SystemExit, match="leave out --resume"):
+        rmsnorm_peers.resume_table(out, ["evo (ours)"])
+    assert out.read_text() == "not a table\n"  # nothing overwritten
