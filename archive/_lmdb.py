@@ -574,6 +574,12 @@ class LMDBStore(Store):
         """Flush every commit to the disk now (with ``"full"`` durability commits already are)."""
         self._live().flush()
 
+    @property
+    def page_size(self) -> int:
+        """LMDB's page size in bytes (the operating system's, usually 4096): values longer than
+        about half a page go to overflow pages of this size."""
+        return int(self._live().env.stat()["psize"])
+
     def disk_bytes(self) -> int:
         """Size of ``data.mdb`` on disk (allocated blocks, not the sparse map size)."""
         st = os.stat(self.path / "data.mdb")

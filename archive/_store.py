@@ -105,7 +105,8 @@ class Txn(ABC):
 class Store(ABC):
     """Named sub-databases of bytes -> bytes (see the module docstring for the contract)."""
 
-    DBS: ClassVar[tuple[str, ...]] = ("header", "records", "cells", "lineage", "lessons", "state", "index")
+    DBS: ClassVar[tuple[str, ...]] = ("header", "records", "cells", "lineage", "lessons", "state", "index",
+                                      "bodies", "tails")
     persistent: ClassVar[bool] = False
 
     @abstractmethod

@@ -91,4 +91,4 @@ def test_archive_stores_the_same_bytes() -> None:
     ar = Archive(make_problem(descriptors=False), store)
     rec = Record(Genome("y" * 100, {"t": 3}), Evaluation(Status.OK, 2.0, metrics={1: {"a": (1, 2)}}))
     out = ar.add(rec).record
-    assert store.get("records", rec.id.encode()) == _reference(out)
+    assert ar._raw(store.get, rec.id.encode()) == _reference(out)  # the bytes, through the schema-3 pointer

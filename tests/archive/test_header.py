@@ -142,7 +142,8 @@ def test_not_an_archive_paths(tmp_path: Path, problem: Problem) -> None:
         Archive(problem, tmp_path / "headless")
 
 
-@pytest.mark.parametrize("damage", ["truncate_half", "truncate_tiny", "garbage", "bad_record"])
+@pytest.mark.parametrize("damage", ["truncate_half", "truncate_tiny", "garbage", "bad_record", "bad_pointer",
+                                    "missing_body"])
 def test_corrupt_archive(tmp_path: Path, problem: Problem, damage: str) -> None:
     path = tmp_path / "a"
     _filled(path, problem, n=60)
@@ -156,14 +157,24 @@ def test_corrupt_archive(tmp_path: Path, problem: Problem, damage: str) -> None:
         data.write_bytes(b"\x5a" * len(raw))
     else:
         s = LMDBStore(path)
-        key = next(k for k, _ in s.scan("records"))
-        s.put("records", key, b"\x93\x01\xa6record\xde")  # truncated msgpack
+        key, pointer = next(iter(s.scan("records")))
+        if damage == "bad_record":
+            s.put("bodies", pointer[:8], b"\x93\x01\xa6record\xde")  # truncated msgpack
+        elif damage == "bad_pointer":
+            s.put("records", key, b"\x00\x01")
+        else:
+            with s.transaction() as txn:
+                txn.delete("bodies", pointer[:8])
         s.close()
     before = data.read_bytes()
-    if damage == "bad_record":
+    if damage in ("bad_record", "bad_pointer", "missing_body"):
+        expect = {"bad_record": "cannot be decoded", "bad_pointer": "pointer of record .* is damaged",
+                  "missing_body": "body of record .* is missing"}[damage]
         with Archive(problem, path) as ar:
-            with pytest.raises(CorruptArchiveError, match="cannot be decoded"):
+            with pytest.raises(CorruptArchiveError, match=expect):
                 list(ar.records())
+            with pytest.raises(CorruptArchiveError, match=expect):
+                ar.get(key.decode())
         return
     with pytest.raises(CorruptArchiveError, match="damaged"):
         Archive(problem, path)
