@@ -34,6 +34,10 @@ py-lmdb loop, in the same batches and with the same durability, without the arch
 without timing the encoding): what the disk and LMDB alone allow on this machine, the
 ceiling for the archive's insert rate.
 
+``s2-full`` / ``s2-process`` run the archive in the schema-2 layout (records keyed by
+genome id, the layout of archives created before schema 3, which this library keeps writing
+in them), and ``floor2-full`` / ``floor2-process`` its bare-LMDB floor: the layouts side by side.
+
 ``gc-full`` / ``gc-process`` run the archive with Python's cyclic garbage collector left
 running inside ``add_many`` (which pauses it for the batch): what the pause is worth.
 
@@ -69,7 +73,8 @@ from evo.codec import dumps, pack_raw
 from evo.space import CategoricalAxis, Choice, IntRange, NumericAxis, ParamSpace
 from evo.types import Evaluation, Genome, Problem, Record, Status
 
-CONFIGS = ("full", "process", "floor-full", "floor-process", "gc-full", "gc-process")
+CONFIGS = ("full", "process", "floor-full", "floor-process", "gc-full", "gc-process", "s2-full", "s2-process",
+           "floor2-full", "floor2-process")
 
 
 def make_problem() -> Problem:
@@ -106,12 +111,17 @@ def make_batch(start: int, n: int, size: int, rng: np.random.Generator, share: i
     return out
 
 
-def run_archive(args: argparse.Namespace, root: Path, durability: str, gc_on: bool = False) -> dict[str, Any]:
+def run_archive(args: argparse.Namespace, root: Path, durability: str, gc_on: bool = False,
+                schema: int | None = None) -> dict[str, Any]:
     """The archive itself: inserts, then sampling latency, reopen time and disk use.
 
     ``gc_on``: leave the cyclic garbage collector running inside ``add_many`` (the comparison
-    for the pause it takes by default).
+    for the pause it takes by default). ``schema``: create the archive with this schema
+    version's layout instead of the current one.
     """
+    if schema is not None:
+        with mock.patch.object(archive_impl, "ARCHIVE_SCHEMA_VERSION", schema):
+            return run_archive(args, root, durability, gc_on)
     if gc_on:
         with mock.patch.object(archive_impl, "_gc_paused", contextlib.nullcontext):
             return run_archive(args, root, durability)
@@ -166,13 +176,17 @@ def _stored_bytes(rec: Record, carrier: str | None) -> bytes:
                                   "language": g.language, "id": g.id}))
 
 
-def run_floor(args: argparse.Namespace, root: Path, durability: str) -> dict[str, Any]:
-    """A bare py-lmdb loop writing the bytes the archive stores: the ceiling for the archive."""
+def run_floor(args: argparse.Namespace, root: Path, durability: str, schema: int = 3) -> dict[str, Any]:
+    """A bare py-lmdb loop writing the bytes the archive stores, in the layout of ``schema``
+    (3: an id -> seq pointer, the body by seq cut at a page boundary; 2: the bytes by id):
+    the ceiling for the archive."""
     rng = np.random.default_rng(0)
     path = root / "bare"
     env = lmdb.open(str(path), map_size=4 * args.records * (args.size + 4096) + (1 << 30), max_dbs=4,
                     sync=durability == "full", readahead=False)
     records, index = env.open_db(b"records"), env.open_db(b"index")
+    bodies, tails = env.open_db(b"bodies"), env.open_db(b"tails")
+    page = env.stat()["psize"]
     stop = threading.Event()
 
     def flush() -> None:  # what LMDBStore does with durability="process"
@@ -192,11 +206,29 @@ def run_floor(args: argparse.Namespace, root: Path, durability: str) -> dict[str
             src = r.genome.source
             items.append((r.id.encode(), _stored_bytes(r.replace(seq=done + j), carriers.get(id(src)))))
             carriers.setdefault(id(src), r.id)
-        items.sort()
         seqs = [(b"s" + (done + j).to_bytes(8, "big"), r.id.encode()) for j, r in enumerate(batch)]
+        body_items: list[tuple[bytes, bytes]] = []
+        tail_items: list[tuple[bytes, bytes]] = []
+        if schema >= 3:  # what Archive._cut and _insert_all write
+            pointers = []
+            for j, (key, data) in enumerate(items):
+                sk = (done + j).to_bytes(8, "big")
+                cut = (len(data) + 16) // page * page - 16
+                body, tail = (data[:cut], data[cut:]) if len(data) + 16 > page and len(data) - cut <= page // 4 \
+                    else (data, b"")
+                body_items.append((sk, body))
+                if tail:
+                    tail_items.append((sk, tail))
+                pointers.append((key, sk + (b"\1" if tail else b"\0")))
+            items = pointers
+        items.sort()
         t = time.perf_counter()
         with env.begin(write=True) as txn:
             txn.cursor(db=records).putmulti(items)
+            if body_items:
+                txn.cursor(db=bodies).putmulti(body_items)
+                if tail_items:
+                    txn.cursor(db=tails).putmulti(tail_items)
             txn.cursor(db=index).putmulti(seqs)
         insert_s += time.perf_counter() - t
         done += len(batch)
@@ -221,9 +253,9 @@ def run_one(args: argparse.Namespace, config: str) -> dict[str, Any]:
             shutil.rmtree(root / name)
     try:
         kind, _, durability = config.rpartition("-")
-        if kind == "floor":
-            return run_floor(args, root, durability)
-        return run_archive(args, root, durability, gc_on=kind == "gc")
+        if kind in ("floor", "floor2"):
+            return run_floor(args, root, durability, schema=2 if kind == "floor2" else 3)
+        return run_archive(args, root, durability, gc_on=kind == "gc", schema=2 if kind == "s2" else None)
     finally:
         for name in ("arch", "bare"):
             shutil.rmtree(root / name, ignore_errors=True)
