@@ -11,10 +11,13 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from archive import Archive, LMDBStore
+from evo.codec import pack_raw, unpack_raw
 from evo.space import CategoricalAxis, Choice, IntRange, NumericAxis, ParamSpace
 from evo.types import Evaluation, Genome, Lesson, Problem, Record, Status
 
@@ -24,6 +27,15 @@ def make_problem(name: str = "rmsnorm-test", descriptors: bool = True, **kw: Any
             CategoricalAxis("variant", ["a", "b"], source="params")) if descriptors else ()
     return Problem(name=name, params=ParamSpace({"variant": Choice(["a", "b", "c"]), "threads": IntRange(32, 1024)}),
                    check_shapes=({"N": 1},), descriptors=axes, objective="geomean_speed", **kw)
+
+
+def empty_archive_of_schema(path: Path, problem: Problem, version: int) -> None:
+    """An empty LMDB archive at ``path`` whose header says ``version``, as an older library wrote it."""
+    Archive(problem, path).close()
+    s = LMDBStore(path)
+    header = unpack_raw(s.get("header", b"meta"))  # type: ignore[arg-type]
+    s.put("header", b"meta", pack_raw({**header, "schema_version": version}))
+    s.close()
 
 
 def make_source(i: int, size: int = 0) -> str:

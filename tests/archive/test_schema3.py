@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from archive import ARCHIVE_SCHEMA_VERSION, Archive, LMDBStore, MemoryStore
-from evo.codec import dumps, pack_raw, unpack_raw
-from tests.archive.helpers import check_record, make_problem, make_record, make_variant
+from archive import ARCHIVE_SCHEMA_VERSION, Archive, MemoryStore
+from evo.codec import dumps, unpack_raw
+from tests.archive.helpers import check_record, empty_archive_of_schema, make_problem, make_record, make_variant
 
 
 def test_new_archive_keeps_a_pointer_a_page_aligned_body_and_a_tail(tmp_path: Path) -> None:
@@ -69,11 +69,7 @@ def test_schema_2_archive_keeps_its_layout(tmp_path: Path) -> None:
     schema 2 writes them (whole bytes under the genome id, sources shared), so it stays
     readable by that library."""
     problem = make_problem()
-    Archive(problem, tmp_path / "a").close()
-    s = LMDBStore(tmp_path / "a")
-    header = unpack_raw(s.get("header", b"meta"))  # type: ignore[arg-type]
-    s.put("header", b"meta", pack_raw({**header, "schema_version": 2}))
-    s.close()
+    empty_archive_of_schema(tmp_path / "a", problem, 2)
     base = make_record(3, size=8192, registers=16)
     first = [base, make_variant(base, 64, registers=24)]
     with Archive(problem, tmp_path / "a") as ar:

@@ -26,9 +26,9 @@ from archive import (
     SchemaVersionError,
     fork_archive,
 )
-from evo.codec import dumps, loads, pack_raw, unpack_raw
+from evo.codec import dumps, loads, unpack_raw
 from evo.types import Genome, Record
-from tests.archive.helpers import check_record, make_problem, make_record, make_variant
+from tests.archive.helpers import check_record, empty_archive_of_schema, make_problem, make_record, make_variant
 from tests.evo.test_codec import _same, evaluations, params, text
 
 BIG = 4000  # source characters: above the size from which sources are shared
@@ -116,11 +116,7 @@ def test_failed_batch_shares_nothing(archive: Archive) -> None:
 def test_schema_1_archive_keeps_sources_inline(tmp_path: Path) -> None:
     """An archive written before schema 2 stays readable by older libraries: no references are added."""
     problem = make_problem()
-    Archive(problem, tmp_path / "a").close()
-    s = LMDBStore(tmp_path / "a")
-    header = unpack_raw(s.get("header", b"meta"))  # type: ignore[arg-type]
-    s.put("header", b"meta", pack_raw({**header, "schema_version": 1}))
-    s.close()
+    empty_archive_of_schema(tmp_path / "a", problem, 1)
     fam = _family(7, 5)
     with Archive(problem, tmp_path / "a") as ar:
         res = ar.add_many(fam)
