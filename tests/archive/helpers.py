@@ -105,7 +105,7 @@ def writer(path: str, side: str, seed: int, durability: str = "full") -> None:  
             else:
                 recs.append(make_record(i + j, variant=("a", "b")[int(rng.integers(2))],
                                         registers=int(rng.integers(0, 256)), fitness=float(rng.random()),
-                                        size=int(rng.integers(100, 3000)),
+                                        size=int(rng.integers(100, 12000)),  # up to three pages: cut bodies too
                                         status=Status.OK if rng.random() < 0.8 else Status.COMPILE_ERROR))
         recent = (recent + recs[-2:])[-8:]
         i += k
