@@ -240,6 +240,17 @@ def _placer(problem: Problem) -> Any:
     return place
 
 
+def cut_body(data: bytes, page: int) -> tuple[bytes, bytes]:
+    """A schema-3 record body as (body, tail): cut after its last whole overflow page of
+    ``page`` bytes when the rest is at most a quarter page (so the tail fits a shared leaf
+    page); else ``(data, b"")`` (also when ``page`` is 0: a store without pages)."""
+    if page and len(data) + _PAGE_HEADER > page:
+        head = (len(data) + _PAGE_HEADER) // page * page - _PAGE_HEADER
+        if len(data) - head <= page // 4:
+            return data[:head], data[head:]
+    return data, b""
+
+
 @contextlib.contextmanager
 def _gc_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector for a block; its previous state is restored after.
@@ -554,14 +565,8 @@ class Archive:
     # -- record bytes ----------------------------------------------------------------
 
     def _cut(self, data: bytes) -> tuple[bytes, bytes]:
-        """``data`` as (body, tail): cut after its last whole overflow page when the rest is at
-        most a quarter page (so the tail fits a shared leaf page); else ``(data, b"")``."""
-        page = self._page
-        if page and len(data) + _PAGE_HEADER > page:
-            head = (len(data) + _PAGE_HEADER) // page * page - _PAGE_HEADER
-            if len(data) - head <= page // 4:
-                return data[:head], data[head:]
-        return data, b""
+        """``data`` as (body, tail) for this archive's store (see :func:`cut_body`)."""
+        return cut_body(data, self._page)
 
     def _follow(self, get: Any, pointer: bytes, gid: bytes) -> bytes:
         """The bytes of the record whose ``records`` value is ``pointer`` (schema 3), read with ``get``."""

@@ -213,9 +213,7 @@ def run_floor(args: argparse.Namespace, root: Path, durability: str, schema: int
             pointers = []
             for j, (key, data) in enumerate(items):
                 sk = (done + j).to_bytes(8, "big")
-                cut = (len(data) + 16) // page * page - 16
-                body, tail = (data[:cut], data[cut:]) if len(data) + 16 > page and len(data) - cut <= page // 4 \
-                    else (data, b"")
+                body, tail = archive_impl.cut_body(data, page)
                 body_items.append((sk, body))
                 if tail:
                     tail_items.append((sk, tail))
