@@ -408,13 +408,13 @@ def resume_table(path: Path, names: list[str]) -> PeerTable | None:
     return table
 
 
-def table_start(prior: PeerTable | None, names: list[str], copy_tbs: float) -> list[str]:
-    """The lines a run writes before its first new row: the table header, or (``--resume``)
-    the earlier file's header, a line saying where the later rows start and what copy
-    ceiling they are against, the header and the earlier rows."""
-    lines: list[str] = []
+def table_start(head: list[str], prior: PeerTable | None, names: list[str], copy_tbs: float) -> list[str]:
+    """The lines a run writes before its first new row: ``head`` (this run's title, machine
+    and copy ceiling) and the table header; or (``--resume``) the earlier file's head, a line
+    saying where the later rows start and what copy ceiling they are against, the table
+    header and the earlier rows."""
+    lines = [*(head if prior is None else prior.head)]
     if prior is not None:
-        lines = [*prior.head]
         while lines and not lines[-1].strip():
             lines.pop()
         lines += [f"Resumed {datetime.datetime.now().isoformat(timespec='minutes')}: the rows after the first "
@@ -494,12 +494,8 @@ def main(argv: list[str] | None = None) -> int:
              + ("Bytes: 3*M*N*elem + 4*M + 8*N." if args.backward else "Bytes: 2*M*N*elem + 4*N.")
              + (f" Not timed in this run (--skip): {', '.join(skipped)}." if skipped else ""), ""]
     names = list(provs)
-    times: dict[tuple[str, int, str], float | None] = {}
-    if prior is not None:
-        times.update(prior.times)
-        lines = table_start(prior, names, copy_tbs)
-    else:
-        lines += table_start(None, names, copy_tbs)
+    times: dict[tuple[str, int, str], float | None] = dict(prior.times) if prior is not None else {}
+    lines = table_start(lines, prior, names, copy_tbs)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")  # rows are appended as they are measured
     print("\n".join(lines), flush=True)

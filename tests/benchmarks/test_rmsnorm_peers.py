@@ -200,11 +200,14 @@ def test_resume_keeps_earlier_rows_and_times_only_the_missing_cases(tmp_path: Pa
     assert todo == [("bfloat16", 8192, 262144), ("float32", 32768, 256), ("float32", 32768, 32768),
                     ("float32", 8192, 262144)]
     assert len(rmsnorm_peers.pending_cases(["bfloat16"], shapes, None)) == 3
-    lines = rmsnorm_peers.table_start(prior, names, 4.204)
+    lines = rmsnorm_peers.table_start(["# this run's head"], prior, names, 4.204)
     text = "\n".join(lines)
     assert text.startswith("# RMSNorm forward peers") and "4.230 TB/s" in text  # the first run's ceiling kept
     assert "after the first 2 were timed by a later invocation, copy ceiling 4.204 TB/s" in text
     assert lines[-2:] == prior.rows and "Peer's time" not in text  # the old summary is rewritten at the end
+    assert "this run's head" not in text  # the earlier file's head stands for both
+    fresh = rmsnorm_peers.table_start(["# this run's head", ""], None, names, 4.204)
+    assert fresh == ["# this run's head", "", "| case | evo (ours) | torch | quack tuned |", "|---|---|---|---|"]
     # the rewritten start parses back to the same rows
     assert rmsnorm_peers.parse_table(text + "\n").times == prior.times
 
