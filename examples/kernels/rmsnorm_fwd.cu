@@ -169,6 +169,12 @@
 #else
 #define XROWS TILE_ROWS
 #endif
+// STAGE 3 with a cluster: rows of a tile normalised together, sharing each vector's weight loads
+#if XROWS < 4
+#define WROWS XROWS
+#else
+#define WROWS 4
+#endif
 #define WARPS (THREADS / 32)
 #define VW (VEC_BYTES / 4)
 
@@ -903,6 +909,31 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
         else
             run(BoolC<false>{});
     };
+#if CLUSTER > 1 && WROWS > 1 && !WSMEM
+    // y = x * rstd * w for up to WROWS rows of a tile at once (the tile's rows share their columns):
+    // each vector's weights are loaded once for all of them. At long rows the float32 weights, read
+    // again for every row, were most of the L2 traffic (two bytes of weight per byte of 16-bit x).
+    auto norm_rows = [&](const unsigned char* tr, char* yr, const float (&rstd)[WROWS], int nr) {
+        auto run = [&](auto a16) {
+            const float* wt = wn + t * E;
+#pragma unroll NORM_UNROLL
+            for (int k = 0; k < nmine; ++k) {
+                float g[E];
+                load_w<E, decltype(a16)::value>(wt + k * (TPR * E), g);
+                const unsigned off = static_cast<unsigned>(k * TPR + t) * VEC_BYTES;
+#pragma unroll
+                for (int q = 0; q < WROWS; ++q)
+                    if (q < nr)
+                        norm_store_g<DT>(*reinterpret_cast<const Vec*>(tr + q * slice + off), g, rstd[q],
+                                         yr + q * row_bytes + off);
+            }
+        };
+        if (wa16)
+            run(BoolC<true>{});
+        else
+            run(BoolC<false>{});
+    };
+#endif
     auto norm_regs = [&](const Vec (&b)[MAX_VECS], char* yr, float rstd) {
         auto run = [&](auto a16) {
 #pragma unroll
@@ -1002,6 +1033,21 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
         }
 #if CLUSTER > 1
         mbar_wait<true>(xbar + 8 * (it & 1), static_cast<unsigned>(it >> 1) & 1u);  // every rank's partials
+#if WROWS > 1 && !WSMEM
+        for (int r0 = 0; r0 < nrows; r0 += WROWS) {  // TPR == THREADS: the whole CTA on WROWS rows at a time
+            const int nr = nrows - r0 < WROWS ? nrows - r0 : WROWS;
+            float rstd[WROWS];
+#pragma unroll
+            for (int q = 0; q < WROWS; ++q) {
+                // each group of CLUSTER lanes adds the slots in the same butterfly: the same bits everywhere
+                float acc = q < nr ? xs_in[(r0 + q) * CLUSTER + (tid & (CLUSTER - 1))] : 0.f;
+#pragma unroll
+                for (int off = CLUSTER / 2; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
+                rstd[q] = rsqrt_of(fmaf(acc, inv_n, eps));
+            }
+            norm_rows(tb + r0 * slice, ys + (row0 + r0) * row_bytes, rstd, nr);
+        }
+#else
         for (int rr = 0; rr < nrows; ++rr) {  // TPR == THREADS: the whole CTA on one row
             // each group of CLUSTER lanes adds the slots in the same butterfly: the same bits everywhere
             float acc = xs_in[rr * CLUSTER + (tid & (CLUSTER - 1))];
@@ -1013,6 +1059,7 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
             char* yr = ys + (row0 + rr) * row_bytes;
             norm_smem(sv, yr, rstd);
         }
+#endif
 #endif
         __syncthreads();  // buffer s is read: refill it
         if (tid == 0 && tile + PIPE * groups < tiles) issue_tile(xs, tile + PIPE * groups, s, M, rows_pt, row_bytes, my_bytes, slice, tile_bytes, buf0,

@@ -150,7 +150,12 @@ def emulate_pipe(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
                     smem[dst // esz:(dst + nbytes) // esz] = flat[src // esz:(src + nbytes) // esz]
                 nv = mine * 16 // vb
                 e = vb // esz
-                for rr in range(nrows):
+                # with a cluster the kernel normalises WROWS rows at a time (each vector's weights
+                # loaded once for them): rows r0 .. r0 + nr - 1 at offsets r0 * slice + q * slice
+                wrows = 1 if cluster == 1 or p.get("WSMEM") else min(xrows, 4)
+                order = [r0 + q for r0 in range(0, nrows, wrows) for q in range(min(wrows, nrows - r0))]
+                assert order == list(range(nrows))
+                for rr in order:
                     vals, cols, ws = [], [], []
                     for t in range(tpr):
                         nmine = (nv - 1 - t) // tpr + 1 if t < nv else 0
@@ -184,6 +189,9 @@ PIPE_CONFIGS = [
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 4, "CLUSTER": 16, "PERSISTENT": 2, "STAGE": 3, "PIPE": 4, "TILE_ROWS": 1},
     # more rows per tile than a cluster's exchange holds (EXCHANGE_SLOTS // CLUSTER = 4)
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "CLUSTER": 16, "PERSISTENT": 0, "STAGE": 3, "PIPE": 1, "TILE_ROWS": 8},
+    # tiles of up to 8 rows with a cluster: two chunks of four rows normalised together
+    {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "CLUSTER": 2, "PERSISTENT": 0, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 8},
+    {"THREADS": 64, "TPR": 64, "VEC_BYTES": 8, "CLUSTER": 4, "PERSISTENT": 2, "STAGE": 3, "PIPE": 1, "TILE_ROWS": 16},
     # the weight slice in shared memory, with and without a cluster
     {"THREADS": 64, "TPR": 64, "VEC_BYTES": 16, "CLUSTER": 4, "PERSISTENT": 1, "STAGE": 3, "PIPE": 2, "TILE_ROWS": 2,
      "WSMEM": 1},
