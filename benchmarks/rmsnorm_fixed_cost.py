@@ -18,6 +18,17 @@ for timing only; the engine never sees them:
   column (dw is wrong): ``full`` minus ``no-sum`` is the summation, ``no-sum`` minus
   ``no-reduce`` the wait for the last CTA;
 * ``no-dw`` (backward): every CTA returns before publishing its partial row (dw is wrong).
+* ``no-w`` (forward): the float32 weights of every vector path are never loaded (1.0 stands for
+  each; y is wrong; only the scalar head and tail of unaligned rows still read theirs):
+  ``full`` minus ``no-w`` is what the weights' traffic costs (at long rows every row reads its
+  weights again, from L2, two bytes of them per byte of 16-bit x);
+* ``no-store`` (forward): y is stored only when a value has a NaN bit pattern no input gives,
+  so the loads and arithmetic stay and the stores go (y is not written): the read side alone.
+
+Timing a shape at one row count (``--rows`` with a single M, e.g. the standard 16384 rows at
+N=131072) gives no line fit, only the times, e.g. ``--n 131072 --rows 16384 --variants
+full,no-w,no-store``; the table then shows each variant's time and fraction of the copy
+bandwidth measured in the same run.
 
 Every variant is timed like the fitness Timing stage (:func:`fitness.time_calls`: L2-cold
 rotated input sets, one output set per input set, CUDA-graph batches); ``--torch`` adds
@@ -54,7 +65,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # rmsnorm_peers: the dispatch impo
 import rmsnorm_peers  # noqa: E402
 
 ROWS_32K = 32768
-VARIANTS = ("full", "dtype-only", "no-reduce", "no-sum", "no-dw")
+_ATTR_NON_PORTABLE_CLUSTER = 14  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+VARIANTS = ("full", "dtype-only", "no-reduce", "no-sum", "no-dw", "no-w", "no-store")
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 # if (dtype_code == 0) f<0, T>(args); else if (dtype_code == 1) f<1, T>(args); else f<2, T>(args);
@@ -72,6 +84,24 @@ _EDITS = {
     "no-dw": (_PUBLISH, "    return;\n" + _PUBLISH, "the publication of the partial row ('mine[j] = sdw[j]')"),
 }
 BACKWARD_ONLY = tuple(_EDITS)
+_ST_V4 = ('    asm volatile(ST_OP ".v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.w[0]), "r"(v.w[1]), '
+          '"r"(v.w[2]),\n                 "r"(v.w[3]));')
+# forward variant -> the (code it looks for, what replaces it) pairs, every one required, and how the
+# error names that code
+_FWD_EDITS = {
+    "no-w": ([("load_w<E, A16>(w, g);", "load_ones<E>(g);"),
+              ("load_w<E, decltype(a16)::value>(wt + k * (TPR * E), g);", "load_ones<E>(g);"),
+              ("load_w<E>(w + (k * TPR + t) * E, wr[k]);", "load_ones<E>(wr[k]);"),
+              ("// ----------------------------------------------------------------------------- reductions",
+               "template <int E>\n__device__ __forceinline__ void load_ones(float* f) {\n#pragma unroll\n"
+               "    for (int i = 0; i < E; ++i) f[i] = 1.0f;\n}\n\n"
+               "// ----------------------------------------------------------------------------- reductions")],
+             "the weight loads of norm_store, norm_rows and the row tile ('load_w<E, A16>(w, g);')"),
+    "no-store": ([(_ST_V4, "    if (v.w[0] == 0x7fc00001u && v.w[1] == 0x7fc00001u && v.w[2] == 0x7fc00001u)\n"
+                   + _ST_V4.replace("    asm", "        asm", 1))],
+                 "st_vec's 16-byte store"),
+}
+FORWARD_ONLY = tuple(_FWD_EDITS)
 
 
 def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str:
@@ -85,6 +115,8 @@ def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     if variant in BACKWARD_ONLY and not backward:
         raise ValueError(f"variant {variant!r} is for the backward kernel (--backward)")
+    if variant in FORWARD_ONLY and backward:
+        raise ValueError(f"variant {variant!r} is for the forward kernel (leave out --backward)")
     if variant == "full":
         return source
     if variant == "dtype-only":
@@ -94,6 +126,13 @@ def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str
             raise ValueError("dtype-only: no 'if (dtype_code == 0) f<0>(...); else if ... else f<2>(...);' "
                              "dispatch found in the source")
         return out
+    if variant in FORWARD_ONLY:
+        pairs, what = _FWD_EDITS[variant]
+        for old, new in pairs:
+            if old not in source:
+                raise ValueError(f"{variant}: {what} is not in the source (looked for {old[:60]!r})")
+            source = source.replace(old, new)
+        return source
     old, new, what = _EDITS[variant]
     if old not in source:
         raise ValueError(f"{variant}: {what} is not in the source")
@@ -165,6 +204,8 @@ def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: i
     launch = problem.launch(genome["params"], case, None)
     if launch.shared_mem > 48 * 1024:
         kern.max_dynamic_shared_size_bytes = launch.shared_mem
+    if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
+        cupy.cuda.driver.funcSetAttribute(kern.kernel.ptr, _ATTR_NON_PORTABLE_CLUSTER, 1)  # 16-CTA clusters
     ctype = {"int32": np.int32, "float32": np.float32}
     scalars = tuple(ctype[t](v) for t, v in problem.scalars(case))
     specs = list(problem.signature(case))
@@ -207,12 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",") if r.strip()]
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    if len(set(rows)) < 2:
-        ap.error("--rows needs at least two different row counts")
+    if not rows:
+        ap.error("--rows needs at least one row count")
     for v in variants:
-        if v not in VARIANTS or (v in BACKWARD_ONLY and not args.backward):
+        if v not in VARIANTS or (v in BACKWARD_ONLY and not args.backward) or (v in FORWARD_ONLY and args.backward):
             ap.error(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}"
-                     + (" (no-reduce and no-dw need --backward)" if v in BACKWARD_ONLY else ""))
+                     + (" (no-reduce, no-sum and no-dw need --backward)" if v in BACKWARD_ONLY else "")
+                     + (" (no-w and no-store are forward variants: leave out --backward)" if v in FORWARD_ONLY else ""))
 
     import cupy
 
@@ -233,6 +275,9 @@ def main(argv: list[str] | None = None) -> int:
               else genome_from_params(problem, args.params))
     print(f"genome {genome['id'][:12]} (exported for {genome['case']}) {genome['params']}", flush=True)
     sources = {v: variant_source(genome["source"], v, args.dtype, args.backward) for v in variants}
+    copy_tbs = _copy_tbs(time_calls)
+    print(f"copy ceiling (D2D, 2 GiB, same method): {copy_tbs:.3f} TB/s", flush=True)
+    moved = problem.bytes_moved  # bytes each call must move (the fraction of copy's numerator)
     for m in rows:
         case = Case({"M": m, "N": args.n}, args.dtype)
         sets = input_sets(l2, m * per_row)
@@ -249,29 +294,56 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"dtype-only computed different outputs from full at M={m}: the edit is wrong")
             res = time_calls(calls)
             table.setdefault(v, {})[m] = res.time_ms * 1000.0
-            print(f"M={m:7d} {v:10s} {res.time_ms * 1000:9.2f} us  spread {100 * res.spread:.1f}%", flush=True)
+            frac = moved(case) / (res.time_ms * 1e-3) / 1e12 / copy_tbs
+            print(f"M={m:7d} {v:10s} {res.time_ms * 1000:9.2f} us  spread {100 * res.spread:.1f}%  "
+                  f"{frac:.3f} of copy", flush=True)
         if args.torch:
             table.setdefault("torch.compile", {})[m] = _time_torch(args, m) * 1000.0
             print(f"M={m:7d} {'torch.compile':10s} {table['torch.compile'][m]:9.2f} us", flush=True)
     name = props["name"]
     name = name.decode() if isinstance(name, bytes) else str(name)
+    fit = len(set(rows)) >= 2
     lines = [f"# RMSNorm {'backward' if args.backward else 'forward'} fixed cost, N={args.n} {args.dtype} "
-             f"({datetime.date.today().isoformat()}, {name}, {platform.node()})", "",
-             "| variant | " + " | ".join(f"M={m}" for m in rows) + " | us per 32K rows | fixed us | worst residual us |",
-             "|---" * (len(rows) + 4) + "|"]
+             f"({datetime.date.today().isoformat()}, {name}, {platform.node()}; copy {copy_tbs:.3f} TB/s)", "",
+             "| variant | " + " | ".join(f"M={m}: us / of copy" for m in rows)
+             + (" | us per 32K rows | fixed us | worst residual us |" if fit else " |"),
+             "|---" * (len(rows) + (4 if fit else 1)) + "|"]
     fits: dict[str, tuple[float, float, float]] = {}
     for v, by_m in table.items():
         ms = [m for m in rows if m in by_m]
-        a, b, worst = fit_line(ms, [by_m[m] for m in ms])
-        fits[v] = (a, b, worst)
-        lines.append(f"| {v} | " + " | ".join(f"{by_m[m]:.2f}" for m in ms) + f" | {b:.2f} | {a:.2f} | {worst:.2f} |")
+        cells = " | ".join(f"{by_m[m]:.2f} / {fraction_of_copy(moved(Case({'M': m, 'N': args.n}, args.dtype)), by_m[m], copy_tbs):.3f}"
+                           for m in ms)
+        if fit:
+            a, b, worst = fit_line(ms, [by_m[m] for m in ms])
+            fits[v] = (a, b, worst)
+            lines.append(f"| {v} | {cells} | {b:.2f} | {a:.2f} | {worst:.2f} |")
+        else:
+            lines.append(f"| {v} | {cells} |")
     print("\n".join(lines))
     if args.out:
         Path(args.out).write_text(json.dumps({"n": args.n, "dtype": args.dtype, "backward": args.backward,
+                                              "copy_tbs": copy_tbs,
                                               "genome": genome["id"], "params": genome["params"], "times_us": table,
                                               "fits": {k: {"fixed_us": a, "per_32k_rows_us": b, "worst_residual_us": w}
                                                        for k, (a, b, w) in fits.items()}}, indent=1))
     return 0
+
+
+def fraction_of_copy(nbytes: int, time_us: float, copy_tbs: float) -> float:
+    """The rate ``nbytes`` moved in ``time_us`` microseconds reach, as a fraction of ``copy_tbs`` (TB/s)."""
+    return nbytes / (time_us * 1e-6) / 1e12 / copy_tbs
+
+
+def _copy_tbs(time_calls: Callable[..., Any]) -> float:
+    """The device-to-device copy rate (TB/s, read plus write) of a 2 GiB buffer, timed as the peers'
+    benchmark times it (issued call by call: a memcpy captured in a CUDA graph may run on a copy
+    engine, slower than a kernel copy)."""
+    import torch
+
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms = time_calls([lambda: dst.copy_(src)], use_graph=False).time_ms
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
 
 
 def _time_torch(args: argparse.Namespace, m: int) -> float:

@@ -52,6 +52,27 @@ def test_backward_edits_apply_once_and_forward_refuses_them() -> None:
         fc.variant_source("int x;", "no-sum", "bfloat16", backward=True)
 
 
+def test_forward_part_edits_remove_the_weight_loads_and_the_stores() -> None:
+    no_w = fc.variant_source(FWD, "no-w", "bfloat16", backward=False)
+    assert "load_w<E, A16>(w, g);" not in no_w and "load_w<E, decltype(a16)::value>" not in no_w
+    assert no_w.count("load_ones<E>(g);") == 2 and "load_ones<E>(wr[k]);" in no_w and "void load_ones(float* f)" in no_w
+    assert no_w.count("load_w<E") == FWD.count("load_w<E") - 3  # norm_store's, norm_rows' and the row tile's
+    no_store = fc.variant_source(FWD, "no-store", "bfloat16", backward=False)
+    assert no_store.count("if (v.w[0] == 0x7fc00001u") == 1 and no_store.count(".v4.u32 [%0]") == 1
+    with pytest.raises(ValueError, match="forward"):
+        fc.variant_source(BWD, "no-w", "bfloat16", backward=True)
+    with pytest.raises(ValueError, match="no-store: st_vec's 16-byte store is not in the source"):
+        fc.variant_source("int x;", "no-store", "bfloat16", backward=False)
+    with pytest.raises(ValueError, match="no-w"):  # every edit of a variant must find its code
+        fc.variant_source(FWD.replace("load_w<E, A16>(w, g);", ""), "no-w", "bfloat16", backward=False)
+
+
+def test_fraction_of_copy() -> None:
+    # 2 GB in 500 us is 4 TB/s: all of a 4 TB/s copy, half of an 8 TB/s one
+    assert fc.fraction_of_copy(2 * 10**9, 500.0, 4.0) == pytest.approx(1.0)
+    assert fc.fraction_of_copy(2 * 10**9, 500.0, 8.0) == pytest.approx(0.5)
+
+
 def _cubin_bytes(source: str, defines: list[str], tmp: Path, name: str) -> int:
     d = tmp / name
     d.mkdir()
@@ -71,6 +92,15 @@ def test_variants_compile_and_dtype_only_is_smaller(backward: bool, tmp_path: Pa
     if backward:
         for v in ("no-reduce", "no-sum", "no-dw"):
             _cubin_bytes(fc.variant_source(source, v, "bfloat16", True), defines, tmp_path, v)
+    else:
+        # a cluster seed with four rows per tile (its weights go through norm_rows), a row-tile seed and
+        # the last seed
+        tiles = next(s for s in problem.seeds if s.params["CLUSTER"] > 1 and s.params["TILE_ROWS"] == 4)
+        rowtile = next(s for s in problem.seeds if s.params["STAGE"] == 4)
+        for name, d in (("tiles", Genome(tiles.source, tiles.params).defines()),
+                        ("rowtile", Genome(rowtile.source, rowtile.params).defines()), ("last", defines)):
+            for v in ("no-w", "no-store"):
+                _cubin_bytes(fc.variant_source(source, v, "bfloat16", False), d, tmp_path, f"{name}-{v}")
 
 
 def test_fit_line_recovers_fixed_and_per_row_cost() -> None:
@@ -93,8 +123,11 @@ def test_bad_arguments_are_refused_before_any_gpu_work(capsys: pytest.CaptureFix
         fc.main(["--module", "x.py", "--n", "256", "--variants", "full,no-dw"])
     assert e.value.code == 2 and "need --backward" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        fc.main(["--module", "x.py", "--n", "256", "--rows", "32768"])
-    assert "two different row counts" in capsys.readouterr().err
+        fc.main(["--module", "x.py", "--n", "256", "--rows", ","])
+    assert "at least one row count" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        fc.main(["--module", "x.py", "--backward", "--n", "256", "--variants", "full,no-w"])
+    assert e.value.code == 2 and "leave out --backward" in capsys.readouterr().err
 
 
 def test_params_give_a_genome_of_the_family() -> None:
