@@ -553,8 +553,8 @@ one load per batch (the same code and launch as these genomes). The last two (N 
 of copy there, against 0.73 and 0.72 for the STAGE 2 seeds in the same run. The next three
 (STAGE 2 sized so the rows of an SM fit its L1) come from ``rmsnorm_sweep-2026-12-03-l1.md``, the
 next (two 1024-thread CTAs per SM at 32 registers) from ``rmsnorm_sweep-2026-12-03-lean.md``, the next
-(PREFETCH) from ``rmsnorm_sweep-2026-12-03-prefetch.md``, the last three (and the 16-CTA cluster of the
-fp32 256K seed, 8 before) but one from ``rmsnorm_sweep-2026-12-03-exchange-long.md``, after the
+(PREFETCH) from ``rmsnorm_sweep-2026-12-03-prefetch.md``, the three before the last (and the 16-CTA
+cluster of the fp32 256K seed, 8 before) from ``rmsnorm_sweep-2026-12-03-exchange-long.md``, after the
 cluster's partial sums moved from barrier.cluster to st.async; the last (four rows per tile) from
 ``rmsnorm_sweep-2026-12-04-s13-wrows.md``, after the cluster forms began to normalise a tile's rows
 together."""

@@ -912,7 +912,8 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
 #if CLUSTER > 1 && WROWS > 1 && !WSMEM
     // y = x * rstd * w for up to WROWS rows of a tile at once (the tile's rows share their columns):
     // each vector's weights are loaded once for all of them. At long rows the float32 weights, read
-    // again for every row, were most of the L2 traffic (two bytes of weight per byte of 16-bit x).
+    // again for every row, were half of the L2 traffic (two bytes per byte of 16-bit x, which itself
+    // passes L2 once in and once out as y).
     auto norm_rows = [&](const unsigned char* tr, char* yr, const float (&rstd)[WROWS], int nr) {
         auto run = [&](auto a16) {
             const float* wt = wn + t * E;
