@@ -3,9 +3,21 @@
 A small direct harness (cupy) launches genomes exactly as the Problem describes (buffers,
 scalars, launch), with poisoned outputs, so the kernels can be checked before
 fitness.Evaluator exists; when it does, the seeds also go through it.
+
+Kernels are compiled as the Compile stage compiles them (:func:`fitness.compile_genome`, nvcc
+for the problem's target), once per genome per process; the tests that check many genomes
+compile them all first, in parallel (one nvcc process per CPU). The module checks about 100
+genomes and nvcc takes 1.4-2.3 s for one on the development VM, so compiling them one by one
+(as cupy's RawModule did here before) is likely most of the 330 s its first 28 tests took on
+the lent H200 in the thirteenth session.
 """
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +26,35 @@ from evo.types import Case, Genome, Problem
 from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
 
 pytestmark = pytest.mark.gpu
+
+_CUBINS: dict[str, bytes] = {}  # genome id -> cubin, compiled by this process
+_KERNELS: dict[str, tuple[Any, Any]] = {}  # genome id -> (loaded module, its entry function)
+
+
+def _compile(prob: Problem, genomes: Iterable[Genome]) -> None:
+    """Compile the genomes not compiled yet, in parallel (nvcc subprocesses), as the Compile stage does."""
+    from fitness import compile_genome
+
+    todo = {g.id: g for g in genomes if g.id not in _CUBINS}
+    if not todo:
+        return
+    with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as ex:
+        results = list(ex.map(lambda g: compile_genome(g, prob), todo.values()))
+    for g, res in zip(todo.values(), results, strict=True):
+        assert res.ok, f"{g.params}: compile failed ({res.reason}):\n{res.log[-3000:]}"
+        _CUBINS[g.id] = res.cubin
+
+
+def _kernel(prob: Problem, genome: Genome) -> Any:
+    """The genome's entry function, loaded from its cubin (compiled first if this process has not)."""
+    import cupy as cp
+
+    if genome.id not in _KERNELS:
+        _compile(prob, [genome])
+        module = cp.cuda.function.Module()
+        module.load(_CUBINS[genome.id])
+        _KERNELS[genome.id] = (module, module.get_function(genome.entry))  # the module keeps the function valid
+    return _KERNELS[genome.id][1]
 
 
 def _store(cp, a, dtype: str):
@@ -76,13 +117,12 @@ def launch_case(prob: Problem, genome: Genome, case: Case, raw: dict, offsets: d
             buf = _store(cp, cp.full(a.numel, cp.nan, dtype=cp.float32), a.dtype)
         bufs.append(shifted(a.name, buf))
     ref = prob.reference(stored, case, cp)
-    mod = cp.RawModule(code=genome.source, options=(*genome.defines(), "--std=c++17"))
-    kern = mod.get_function(genome.entry)
+    kern = _kernel(prob, genome)
     L = prob.launch(dict(genome.params), case, None)
     if L.cluster is not None and L.cluster[0] > 8:  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-        cp.cuda.driver.funcSetAttribute(kern.kernel.ptr, 14, 1)  # RawKernel wraps a cupy Function
+        cp.cuda.driver.funcSetAttribute(kern.ptr, 14, 1)
     if L.shared_mem:  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (48 KB in all by default, static included)
-        cp.cuda.driver.funcSetAttribute(kern.kernel.ptr, 8, int(L.shared_mem))
+        cp.cuda.driver.funcSetAttribute(kern.ptr, 8, int(L.shared_mem))
     ctypes = {"int32": np.int32, "float32": np.float32, "int64": np.int64, "uint32": np.uint32}
     scalars = tuple(ctypes[t](v) for t, v in prob.scalars(case))
     kern(L.grid, L.block, tuple(bufs) + scalars, shared_mem=L.shared_mem)
@@ -112,6 +152,7 @@ def _check(prob: Problem, genome: Genome, shapes=SMALL, offsets: dict[str, int] 
 
 def test_forward_seeds(cuda_device) -> None:
     prob = make_forward_problem()
+    _compile(prob, prob.seeds)
     for g in prob.seeds:
         _check(prob, g)
 
@@ -119,8 +160,10 @@ def test_forward_seeds(cuda_device) -> None:
 def test_forward_sampled_params(cuda_device) -> None:
     prob = make_forward_problem()
     rng = np.random.default_rng(11)
-    for _ in range(12):
-        _check(prob, prob.seeds[0].with_params(**prob.params.sample(rng)), SMALL[:6])
+    genomes = [prob.seeds[0].with_params(**prob.params.sample(rng)) for _ in range(12)]
+    _compile(prob, genomes)
+    for g in genomes:
+        _check(prob, g, SMALL[:6])
 
 
 PIPE_SHAPES = [{"M": 1, "N": 8}, {"M": 2, "N": 2048}, {"M": 37, "N": 760}, {"M": 3, "N": 40968},
@@ -133,13 +176,14 @@ def _check_sampled(stage: int, seed: int, shapes, count: int = 16) -> None:
     """``count`` sampled genomes of the forward space with STAGE == ``stage``, on ``shapes``."""
     prob = make_forward_problem()
     rng = np.random.default_rng(seed)
-    done = 0
-    while done < count:
+    genomes: list[Genome] = []
+    while len(genomes) < count:
         p = prob.params.sample(rng)
-        if p["STAGE"] != stage:
-            continue
-        _check(prob, prob.seeds[0].with_params(**p), shapes)
-        done += 1
+        if p["STAGE"] == stage:
+            genomes.append(prob.seeds[0].with_params(**p))
+    _compile(prob, genomes)
+    for g in genomes:
+        _check(prob, g, shapes)
 
 
 def test_forward_pipeline_sampled(cuda_device) -> None:
@@ -159,13 +203,16 @@ def test_forward_two_pass_policy(cuda_device, hint: int) -> None:
     registers, two CTAs per SM) and with a 4-CTA cluster per row, STAGE 0 and 3 falling back to it."""
     prob = make_forward_problem()
     base = dict(prob.seeds[0].params, LOAD_HINT=hint, STORE_HINT=1, VEC_BYTES=16)
-    for p in (dict(base, THREADS=512, TPR=512, STAGE=2, MAX_VECS=1, OCCUPANCY=2),
+    params = (dict(base, THREADS=512, TPR=512, STAGE=2, MAX_VECS=1, OCCUPANCY=2),
               dict(base, THREADS=1024, TPR=1024, STAGE=2, MAX_VECS=2, OCCUPANCY=0),
               dict(base, THREADS=1024, TPR=1024, STAGE=2, MAX_VECS=1, OCCUPANCY=2),  # 32 registers
               dict(base, THREADS=512, TPR=512, STAGE=2, MAX_VECS=2, CLUSTER=4, OCCUPANCY=2),
               dict(base, THREADS=128, TPR=32, STAGE=0, MAX_VECS=1),
-              dict(base, THREADS=128, TPR=128, STAGE=3, MAX_VECS=4, CLUSTER=8, PIPE=1, TILE_ROWS=1)):
+              dict(base, THREADS=128, TPR=128, STAGE=3, MAX_VECS=4, CLUSTER=8, PIPE=1, TILE_ROWS=1))
+    for p in params:
         assert prob.params.is_valid(p), p
+    _compile(prob, [prob.seeds[0].with_params(**p) for p in params])
+    for p in params:
         _check(prob, prob.seeds[0].with_params(**p), SMALL + [{"M": 9, "N": 32768}])
 
 
@@ -240,6 +287,7 @@ def test_forward_misaligned_views(cuda_device, offsets: dict[str, int]) -> None:
     """x and y views that start off the 16-byte grid (elements into an allocation): alike, the rows
     take the scalar head, vector body and tail; differently, every element the scalar path."""
     prob = make_forward_problem()
+    _compile(prob, prob.seeds)
     for g in prob.seeds:
         _check(prob, g, SMALL[:6] + [{"M": 9, "N": 32768}], offsets=offsets)
 
@@ -247,6 +295,7 @@ def test_forward_misaligned_views(cuda_device, offsets: dict[str, int]) -> None:
 def test_backward_misaligned_views(cuda_device) -> None:
     """The backward seeds with x, dy and dx views off the 16-byte grid (the element-access path)."""
     prob = make_backward_problem()
+    _compile(prob, prob.seeds)
     for g in prob.seeds:
         _check(prob, g, [{"M": 3, "N": 7}, {"M": 17, "N": 1000}, {"M": 40, "N": 1024}],
                offsets={"x": 1, "dy": 2, "dx": 3})
@@ -267,6 +316,7 @@ def test_backward_persistent_seeds(cuda_device) -> None:
     prob = make_backward_problem()
     shapes = [s for s in SMALL[:-1] if s["N"] > 1] + [{"M": 2048, "N": 1024}, {"M": 700, "N": 4096},
                                                        {"M": 5, "N": 40968}, {"M": 9000, "N": 1024}]
+    _compile(prob, prob.seeds[1:])
     for g in prob.seeds[1:]:
         _check(prob, g, shapes)
 
@@ -274,9 +324,10 @@ def test_backward_persistent_seeds(cuda_device) -> None:
 def test_backward_sampled_params(cuda_device) -> None:
     prob = make_backward_problem()
     rng = np.random.default_rng(5)
-    for _ in range(8):
-        _check(prob, prob.seeds[0].with_params(**prob.params.sample(rng)), [{"M": 3, "N": 7}, {"M": 300, "N": 2048},
-                                                                            {"M": 2, "N": 1026}])
+    genomes = [prob.seeds[0].with_params(**prob.params.sample(rng)) for _ in range(8)]
+    _compile(prob, genomes)
+    for g in genomes:
+        _check(prob, g, [{"M": 3, "N": 7}, {"M": 300, "N": 2048}, {"M": 2, "N": 1026}])
 
 
 def test_backward_row_warp_sampled(cuda_device) -> None:
@@ -286,13 +337,14 @@ def test_backward_row_warp_sampled(cuda_device) -> None:
     rng = np.random.default_rng(11)
     shapes = [{"M": 3000, "N": 1024}, {"M": 5, "N": 256}, {"M": 1, "N": 64}, {"M": 300, "N": 40},
               {"M": 7, "N": 1026}, {"M": 64, "N": 4096}]
-    done = 0
-    while done < 9:
-        p = dict(prob.params.sample(rng), ALGO=1, ROW_WARP=[1, 2, 4][done % 3])
-        if not prob.params.is_valid(p):
-            continue
-        _check(prob, prob.seeds[0].with_params(**p), shapes)
-        done += 1
+    genomes: list[Genome] = []
+    while len(genomes) < 9:
+        p = dict(prob.params.sample(rng), ALGO=1, ROW_WARP=[1, 2, 4][len(genomes) % 3])
+        if prob.params.is_valid(p):
+            genomes.append(prob.seeds[0].with_params(**p))
+    _compile(prob, genomes)
+    for g in genomes:
+        _check(prob, g, shapes)
 
 
 def test_backward_seeds_through_evaluator(cuda_device) -> None:
