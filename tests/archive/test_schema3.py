@@ -91,3 +91,30 @@ def test_schema_2_archive_keeps_its_layout(tmp_path: Path) -> None:
         assert ar.add(base).duplicate and len(ar) == 4
     with Archive.open_readonly(tmp_path / "a") as ro:
         assert [r.genome.source for r in ro.records()] == [r.genome.source for r in first + more]
+
+
+def test_a_missing_tail_is_a_clear_error_naming_the_record(tmp_path: Path) -> None:
+    """A pointer whose tail flag is set but whose tail is gone (a damaged file): reading that record
+    raises CorruptArchiveError naming it; the other records still read whole; nothing is written."""
+    from archive import CorruptArchiveError, LMDBStore
+
+    problem = make_problem()
+    recs = [make_record(i, size=8192, registers=8 * i) for i in range(4)]
+    with Archive(problem, tmp_path / "a") as ar:
+        ar.add_many(recs)
+    s = LMDBStore(tmp_path / "a")
+    pointer = s.get("records", recs[1].id.encode())
+    assert pointer is not None and pointer[8] == 1
+    with s.transaction() as txn:
+        txn.delete("tails", pointer[:8])
+    s.close()
+    before = (tmp_path / "a" / "data.mdb").read_bytes()
+    with Archive(problem, tmp_path / "a") as ar:
+        with pytest.raises(CorruptArchiveError, match=f"tail of record {recs[1].id} .*is missing"):
+            ar.get(recs[1].id)
+        with pytest.raises(CorruptArchiveError, match="tail of record"):
+            list(ar.records())
+        for r in (recs[0], recs[2], recs[3]):
+            back = ar.get(r.id)
+            assert back is not None and back.genome.source == r.genome.source
+    assert (tmp_path / "a" / "data.mdb").read_bytes() == before
