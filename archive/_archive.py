@@ -467,8 +467,9 @@ class Archive:
         self._token: int | None = None
         self._cache: dict[str, Record] = {}
         self._sources = _Sources()
-        self._share = False  # write source references (schema 2; set from the header)
-        self._layout = 0  # the archive's schema version: 3 keeps bodies by seq (set from the header)
+        # the archive's schema version (set from the header): from 2 on, variants' records refer to
+        # their source's record; from 3 on, bodies are kept by seq
+        self._layout = 0
         self._page = int(getattr(store, "page_size", 0) or 0)  # cut bodies at this page size (0: never)
         self.lessons = Lessons(store, readonly=readonly, where=self._where)
 
@@ -493,7 +494,6 @@ class Archive:
                 txn.put("header", _META, pack_raw(header))
                 txn.put("header", _NEXT_SEQ, _u64(0))
                 self._header = header
-                self._share = True
                 self._layout = ARCHIVE_SCHEMA_VERSION
                 return
             header = decode_header(raw, self._where)
@@ -517,7 +517,6 @@ class Archive:
                 txn.put("header", _META, pack_raw(header))
             self._header = header
             # a schema-1 archive keeps every source inline, so that older libraries can still read it
-            self._share = header["schema_version"] >= 2
             self._layout = int(header["schema_version"])
 
     # -- header, device ---------------------------------------------------------------
@@ -563,10 +562,6 @@ class Archive:
         self._header = header
 
     # -- record bytes ----------------------------------------------------------------
-
-    def _cut(self, data: bytes) -> tuple[bytes, bytes]:
-        """``data`` as (body, tail) for this archive's store (see :func:`cut_body`)."""
-        return cut_body(data, self._page)
 
     def _follow(self, get: Any, pointer: bytes, gid: bytes) -> bytes:
         """The bytes of the record whose ``records`` value is ``pointer`` (schema 3), read with ``get``."""
@@ -644,7 +639,7 @@ class Archive:
         body_items: list[tuple[bytes, bytes]] = []
         tail_items: list[tuple[bytes, bytes]] = []
         layout3 = self._layout >= 3
-        cut = self._cut
+        page = self._page
         index_items: list[tuple[bytes, bytes]] = []
         lineage_items: list[tuple[bytes, bytes]] = []
         counts: dict[str, int] = {}
@@ -652,7 +647,7 @@ class Archive:
         seq = seq0
         results: list[AddResult] = []
         changes: list[tuple[Any, ...]] = []
-        share = self._share
+        share = self._layout >= 2
         known = self._sources.by_obj
         fresh: dict[int, tuple[str, str]] = {}  # sources stored inline by this batch: id(source) -> (source, id)
         pack_seq = _U64.pack
@@ -695,7 +690,7 @@ class Archive:
             batch[key] = rec
             seq_key = pack_seq(seq)
             if layout3:
-                body, tail = cut(data)
+                body, tail = cut_body(data, page)
                 body_items.append((seq_key, body))
                 if tail:
                     tail_items.append((seq_key, tail))

@@ -209,7 +209,7 @@ def run_floor(args: argparse.Namespace, root: Path, durability: str, schema: int
         seqs = [(b"s" + (done + j).to_bytes(8, "big"), r.id.encode()) for j, r in enumerate(batch)]
         body_items: list[tuple[bytes, bytes]] = []
         tail_items: list[tuple[bytes, bytes]] = []
-        if schema >= 3:  # what Archive._cut and _insert_all write
+        if schema >= 3:  # what Archive._insert_all writes (cut_body, the pointer)
             pointers = []
             for j, (key, data) in enumerate(items):
                 sk = (done + j).to_bytes(8, "big")

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from archive import ARCHIVE_SCHEMA_VERSION, Archive, MemoryStore
+from archive._archive import cut_body
 from evo.codec import dumps, unpack_raw
 from tests.archive.helpers import check_record, empty_archive_of_schema, make_problem, make_record, make_variant
 
@@ -46,10 +47,8 @@ def test_new_archive_keeps_a_pointer_a_page_aligned_body_and_a_tail(tmp_path: Pa
                                            (8582, 8176), (9200, 8176), (9201, None), (12272, None),
                                            (12300, 12272)])
 def test_cut_after_the_last_whole_page_when_the_rest_is_short(size: int, cut: int | None) -> None:
-    ar = Archive(make_problem(), MemoryStore())
-    ar._page = 4096
     data = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
-    body, tail = ar._cut(data)
+    body, tail = cut_body(data, 4096)
     assert body + tail == data
     assert (len(body), len(tail)) == ((size, 0) if cut is None else (cut, size - cut))
 
