@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
               else genome_from_params(problem, args.params))
     print(f"genome {genome['id'][:12]} (exported for {genome['case']}) {genome['params']}", flush=True)
     sources = {v: variant_source(genome["source"], v, args.dtype, args.backward) for v in variants}
-    copy_tbs = _copy_tbs(time_calls)
+    copy_tbs = rmsnorm_peers.copy_ceiling_tbs()
     print(f"copy ceiling (D2D, 2 GiB, same method): {copy_tbs:.3f} TB/s", flush=True)
     moved = problem.bytes_moved  # bytes each call must move (the fraction of copy's numerator)
     for m in rows:
@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"dtype-only computed different outputs from full at M={m}: the edit is wrong")
             res = time_calls(calls)
             table.setdefault(v, {})[m] = res.time_ms * 1000.0
-            frac = moved(case) / (res.time_ms * 1e-3) / 1e12 / copy_tbs
+            frac = fraction_of_copy(moved(case), res.time_ms * 1000.0, copy_tbs)
             print(f"M={m:7d} {v:10s} {res.time_ms * 1000:9.2f} us  spread {100 * res.spread:.1f}%  "
                   f"{frac:.3f} of copy", flush=True)
         if args.torch:
@@ -332,18 +332,6 @@ def main(argv: list[str] | None = None) -> int:
 def fraction_of_copy(nbytes: int, time_us: float, copy_tbs: float) -> float:
     """The rate ``nbytes`` moved in ``time_us`` microseconds reach, as a fraction of ``copy_tbs`` (TB/s)."""
     return nbytes / (time_us * 1e-6) / 1e12 / copy_tbs
-
-
-def _copy_tbs(time_calls: Callable[..., Any]) -> float:
-    """The device-to-device copy rate (TB/s, read plus write) of a 2 GiB buffer, timed as the peers'
-    benchmark times it (issued call by call: a memcpy captured in a CUDA graph may run on a copy
-    engine, slower than a kernel copy)."""
-    import torch
-
-    src = torch.empty(1 << 29, device="cuda", dtype=torch.float32)
-    dst = torch.empty_like(src)
-    ms = time_calls([lambda: dst.copy_(src)], use_graph=False).time_ms
-    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
 
 
 def _time_torch(args: argparse.Namespace, m: int) -> float:

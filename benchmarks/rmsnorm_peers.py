@@ -434,6 +434,20 @@ def pending_cases(dtypes: list[str], shapes: list[tuple[int, int]],
     return [(dtype, m, n) for dtype in dtypes for m, n in shapes if (dtype, n) not in done]
 
 
+def copy_ceiling_tbs() -> float:
+    """The device-to-device copy rate (TB/s, read plus write) of a 2 GiB buffer, timed like the
+    providers (:func:`fitness.time_calls`) but issued call by call: a memcpy recorded in a CUDA
+    graph may run on a copy engine, slower than the kernel copy the fitness worker measures."""
+    import torch
+
+    from fitness import time_calls
+
+    src = torch.empty(1 << 29, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms = time_calls([lambda: dst.copy_(src)], use_graph=False).time_ms
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="RMSNorm forward peers benchmark (H100/H200)")
     ap.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py")
@@ -474,16 +488,9 @@ def main(argv: list[str] | None = None) -> int:
         all_shapes = [(s["M"], s["N"]) for s in make_backward_problem().timed_shapes]
     shapes = all_shapes if args.shapes == "all" else [s for s in all_shapes if str(s[1]) in args.shapes.split(",")]
 
-    # copy ceiling, same method: 2 GiB device-to-device
-    src = torch.empty(1 << 29, device="cuda", dtype=torch.float32)
-    dst = torch.empty_like(src)
-    # issued call by call: a memcpy recorded in a CUDA graph may run on a copy engine,
-    # slower than the kernel copy the fitness worker measures
     from fitness import rotation_sets, time_calls
 
-    copy_ms = time_calls([lambda: dst.copy_(src)], use_graph=False).time_ms
-    copy_tbs = 2 * src.numel() * 4 / (copy_ms * 1e-3) / 1e12
-    src = dst = None  # free the copy buffers
+    copy_tbs = copy_ceiling_tbs()
 
     what = "backward (dx, dw)" if args.backward else "forward"
     lines = [f"# RMSNorm {what} peers ({datetime.date.today().isoformat()})", "",
