@@ -57,6 +57,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -336,6 +337,7 @@ def summary(times: dict[tuple[str, int, str], float | None], names: list[str], o
 _ROW = re.compile(r"^\| (\d+)x(\d+) (\w+) \| (.*) \|\s*$")
 
 
+@dataclass
 class PeerTable:
     """A peers table read back from its Markdown file (what ``--resume`` continues).
 
@@ -346,12 +348,10 @@ class PeerTable:
         times: ``(dtype, N, provider) -> median ms`` (None where the provider failed).
     """
 
-    def __init__(self, head: list[str], names: list[str], rows: list[str],
-                 times: dict[tuple[str, int, str], float | None]) -> None:
-        self.head = head
-        self.names = names
-        self.rows = rows
-        self.times = times
+    head: list[str]
+    names: list[str]
+    rows: list[str]
+    times: dict[tuple[str, int, str], float | None]
 
     def done(self) -> set[tuple[str, int]]:
         """The ``(dtype, N)`` cases that have a row."""
