@@ -377,7 +377,7 @@ def forward_param_space() -> ParamSpace:
     """The forward kernel's knobs and the rules a valid assignment follows."""
     return ParamSpace(
         params={
-            "THREADS": Choice([64, 128, 256, 512, 1024]),
+            "THREADS": Choice([32, 64, 128, 256, 512, 1024]),
             "TPR": Choice([4, 8, 16, 32, 64, 128, 256, 512, 1024]),
             "VEC_BYTES": Choice([4, 8, 16]),
             "LOAD_HINT": Choice([0, 1, 2, 3, 4, 5]),
@@ -389,7 +389,7 @@ def forward_param_space() -> ParamSpace:
             "RSQRT_APPROX": Choice([0, 1]),
             "PIPE": Choice([1, 2, 3, 4]),
             "TILE_ROWS": Choice([1, 2, 4, 8, 16, 32, 64]),
-            "OCCUPANCY": Choice([0, 2, 4, 8]),
+            "OCCUPANCY": Choice([0, 2, 4, 8, 16, 32]),
             "WSMEM": Choice([0, 1]),
             "PREFETCH": Choice([0, 1]),
         },
@@ -539,25 +539,33 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 4,
      "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+    # STAGE 4 with one-warp CTAs (up to 32 per SM; torch.compile's Triton kernel runs 1-warp CTAs at
+    # N = 256-1K): N = 256 16-bit (4 rows of one vector each per thread, 64 registers), N = 256 fp32
+    # and 512 (2 rows x 2 vectors), fp32 512 and 16-bit 1K (4 vectors), 16-bit 2K (8 vectors): 0.785,
+    # 0.897, 0.942 / 0.929 and 0.951 of copy against 0.758, 0.883, 0.919 / 0.911 and 0.945 for the
+    # previous champions in the same sweep (rmsnorm_sweep-2026-12-05-s15-onewarp.md)
+    {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 1,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 4,
+     "OCCUPANCY": 32, "WSMEM": 0, "PREFETCH": 0},
+    {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 2,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 2,
+     "OCCUPANCY": 16, "WSMEM": 0, "PREFETCH": 0},
+    {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 4,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1,
+     "OCCUPANCY": 32, "WSMEM": 0, "PREFETCH": 0},
+    {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 8,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1,
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
 )
-"""Starting points, one per row-length regime (the engine searches from all of them). The
-STAGE 3 ones come from the design-space sweep ``benchmarks/rmsnorm_sweep.py`` on the H200
-(``benchmarks/results/rmsnorm_sweep-2026-12-02.md``): the best variant per regime; the last
-seven from three later sweeps (``rmsnorm_sweep-2026-12-02-short.md``, ``-rowtile.md`` and
-``-long.md`` there): the best variant of a shape where it beat the seeds before (the 16K
-one was added after the example's run 7). The two
-STAGE 2 seeds are what the best long-row variants of that sweep ran: STAGE 3 genomes whose
-weight slice (WSMEM) left no room for a row buffer, so the kernel took its STAGE 2 path with
-one load per batch (the same code and launch as these genomes). The last two (N = 128K and
-256K) come from a sweep of 2026-12-03 (``rmsnorm_sweep-2026-12-03-long.md``): 0.81 and 0.78
-of copy there, against 0.73 and 0.72 for the STAGE 2 seeds in the same run. The next three
-(STAGE 2 sized so the rows of an SM fit its L1) come from ``rmsnorm_sweep-2026-12-03-l1.md``, the
-next (two 1024-thread CTAs per SM at 32 registers) from ``rmsnorm_sweep-2026-12-03-lean.md``, the next
-(PREFETCH) from ``rmsnorm_sweep-2026-12-03-prefetch.md``, the three before the last (and the 16-CTA
-cluster of the fp32 256K seed, 8 before) from ``rmsnorm_sweep-2026-12-03-exchange-long.md``, after the
-cluster's partial sums moved from barrier.cluster to st.async; the last (four rows per tile) from
-``rmsnorm_sweep-2026-12-04-s13-wrows.md``, after the cluster forms began to normalise a tile's rows
-together."""
+"""Starting points, one or more per row-length regime (the engine searches from all of them).
+Each is the best variant, for the shapes its comment names, of a design-space sweep on the H200
+(``benchmarks/rmsnorm_sweep.py``; tables in ``benchmarks/results/rmsnorm_sweep-*.md``) where it beat
+the seeds before it; the comments name the later sweeps and their figures. The STAGE 3 seeds among
+the first seven come from the first sweep (``rmsnorm_sweep-2026-12-02.md``), the next seven from ``-short.md``,
+``-rowtile.md`` and ``-long.md`` of the same day. The two STAGE 2 seeds among them are what the best
+long-row variants of that sweep ran: STAGE 3 genomes whose weight slice (WSMEM) left no room for a
+row buffer, so the kernel took its STAGE 2 path with one load per batch (the same code and launch
+as these genomes)."""
 
 
 def forward_source() -> str:

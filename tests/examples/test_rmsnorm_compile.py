@@ -70,6 +70,13 @@ def _corner_cases() -> list[dict]:
     for threads, occ, cluster, hint in ((1024, 0, 1, 5), (512, 2, 4, 3), (256, 4, 1, 4), (128, 8, 1, 0)):
         out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=cluster,
                         OCCUPANCY=occ, LOAD_HINT=hint, STORE_HINT=1, PREFETCH=1))
+    # one-warp CTAs at 64 registers (OCCUPANCY 32: 32 CTAs per SM): the largest tiles the rules admit
+    out.append(dict(base, THREADS=32, TPR=32, MAX_VECS=1, VEC_BYTES=16, STAGE=4, TILE_ROWS=4, OCCUPANCY=32))
+    out.append(dict(base, THREADS=32, TPR=32, MAX_VECS=2, VEC_BYTES=16, STAGE=0, OCCUPANCY=32, LOAD_HINT=3))
+    out.append(dict(base, THREADS=32, TPR=32, MAX_VECS=4, VEC_BYTES=16, STAGE=3, OCCUPANCY=32, PIPE=2,
+                    TILE_ROWS=2, LOAD_HINT=3))
+    out.append(dict(base, THREADS=64, TPR=64, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=1, OCCUPANCY=32,
+                    LOAD_HINT=5, STORE_HINT=1))
     return out
 
 

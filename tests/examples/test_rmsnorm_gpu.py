@@ -196,6 +196,30 @@ def test_forward_rowtile_sampled(cuda_device) -> None:
     _check_sampled(4, 9, PIPE_SHAPES[:3] + [{"M": 70, "N": 256}] + SMALL[1:4])
 
 
+def test_forward_one_warp_ctas(cuda_device) -> None:
+    """THREADS 32 (a CTA of one warp, up to 32 per SM, with OCCUPANCY 16 or 32 at 128 or 64 registers):
+    sampled genomes of every stage, and the short-row forms of one warp per row or half a warp."""
+    prob = make_forward_problem()
+    rng = np.random.default_rng(23)
+    genomes: list[Genome] = []
+    for stage in range(5):
+        found = 0
+        while found < 2:
+            p = prob.params.sample(rng)
+            if p["STAGE"] == stage and p["THREADS"] == 32:
+                genomes.append(prob.seeds[0].with_params(**p))
+                found += 1
+    for knobs in ({"TPR": 32, "STAGE": 4, "MAX_VECS": 1, "TILE_ROWS": 4, "OCCUPANCY": 32},
+                  {"TPR": 16, "STAGE": 4, "MAX_VECS": 2, "TILE_ROWS": 1, "OCCUPANCY": 32},
+                  {"TPR": 32, "STAGE": 0, "MAX_VECS": 2, "OCCUPANCY": 32}):
+        genomes.append(prob.seeds[0].with_params(THREADS=32, VEC_BYTES=16, CLUSTER=1, PERSISTENT=0, **knobs))
+    for g in genomes:
+        assert prob.params.is_valid(dict(g.params)), g.params
+    _compile(prob, genomes)
+    for g in genomes:
+        _check(prob, g, SMALL[:6] + PIPE_SHAPES[:3] + [{"M": 70, "N": 256}])
+
+
 @pytest.mark.parametrize("hint", [4, 5])
 def test_forward_two_pass_policy(cuda_device, hint: int) -> None:
     """LOAD_HINT 4 (first read evict_last, second evict_first) and 5 (the same in L1 too) on the
