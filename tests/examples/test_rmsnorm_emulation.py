@@ -212,8 +212,13 @@ def test_pipeline_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -
 
 
 def emulate_rowtile(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_off: int = 0,
-                    eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
-    """STAGE 4: groups of TPR threads, TILE_ROWS rows each per CTA step, vectors k * TPR + t."""
+                    eps: float = 1e-6, paths: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """STAGE 4: groups of TPR threads, TILE_ROWS rows each per CTA step, vectors k * TPR + t.
+
+    When every thread holds MAX_VECS vectors of a row (nv == TPR * MAX_VECS; the weights of a
+    cudaMalloc'd buffer are 16-byte aligned), a CTA runs its whole steps (every row below M)
+    untested first, then the rest through the tested loop; ``paths`` counts the rows of each.
+    """
     m, n = x.shape
     vb, tpr, threads, rows_t, mv = p["VEC_BYTES"], p["TPR"], p["THREADS"], p["TILE_ROWS"], p["MAX_VECS"]
     row_bytes = n * esz
@@ -225,19 +230,34 @@ def emulate_rowtile(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int 
     step = rpc * rows_t
     y = np.full((m, n), np.nan)
     writes = np.zeros((m, n), dtype=int)
+    paths = paths if paths is not None else {}
+
+    def normalise(row: int, cols: list[int], path: str) -> None:
+        cols_a = np.array(cols, dtype=int)
+        rstd = 1.0 / np.sqrt((x[row, cols_a] ** 2).sum() / n + eps)
+        y[row, cols_a] = x[row, cols_a] * rstd * w[cols_a]
+        np.add.at(writes[row], cols_a, 1)
+        paths[path] = paths.get(path, 0) + 1
+
     for b in range(grid):
-        for base in range(b * step, m, grid * step):
+        base = b * step
+        if nv == tpr * mv:
+            while base + step <= m:  # no row or vector tested
+                for r in range(rpc):
+                    for j in range(rows_t):
+                        normalise(base + r * rows_t + j, [c for t in range(tpr) for k in range(mv)
+                                                          for c in range((k * tpr + t) * e, (k * tpr + t + 1) * e)],
+                                  "whole")
+                base += grid * step
+        while base < m:
             for r in range(rpc):
                 for j in range(rows_t):
                     row = base + r * rows_t + j
                     if row >= m:
                         continue
-                    cols = [c for t in range(tpr) for k in range(mv) if k * tpr + t < nv
-                            for c in range((k * tpr + t) * e, (k * tpr + t + 1) * e)]
-                    cols_a = np.array(cols, dtype=int)
-                    rstd = 1.0 / np.sqrt((x[row, cols_a] ** 2).sum() / n + eps)
-                    y[row, cols_a] = x[row, cols_a] * rstd * w[cols_a]
-                    np.add.at(writes[row], cols_a, 1)
+                    normalise(row, [c for t in range(tpr) for k in range(mv) if k * tpr + t < nv
+                                    for c in range((k * tpr + t) * e, (k * tpr + t + 1) * e)], "tested")
+            base += grid * step
     return y, writes
 
 
@@ -258,6 +278,19 @@ ROWTILE_SHAPES = [(1, 8), (3, 16), (9, 256), (37, 64), (5, 40), (2, 1000), (4, 1
 def test_rowtile_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -> None:
     """STAGE 4 (and its fallback for long, unaligned or odd rows): each element once, right value."""
     check_every_element_once(emulate_rowtile, p, esz, offs, ROWTILE_SHAPES, seed=2)
+
+
+@pytest.mark.parametrize("m", [64, 70, 1])
+def test_rowtile_whole_steps_and_rest(m: int) -> None:
+    """An exact fit runs whole steps untested and only the partial last step through the tests."""
+    p = ROWTILE_CONFIGS[0]  # 4 warps x 4 rows per step, one 16-byte vector per thread: N = 256 at 16-bit
+    x = np.random.default_rng(3).standard_normal((m, 256))
+    w = np.random.default_rng(4).standard_normal(256)
+    paths: dict = {}
+    y, writes = emulate_rowtile(x, w, p, 2, paths=paths)
+    assert (writes == 1).all()
+    np.testing.assert_allclose(y, rmsnorm_numpy(x, w), rtol=1e-12, atol=1e-12)
+    assert paths.get("whole", 0) == m // 16 * 16 and paths.get("tested", 0) == m % 16
 
 
 # --------------------------------------------------------------------------- backward, ALGO 1

@@ -305,6 +305,28 @@ def test_forward_pipeline_weights_alignment(cuda_device, woff: int) -> None:
                offsets={"w": woff} if woff else None)
 
 
+@pytest.mark.parametrize("woff", [0, 1, 2])
+def test_forward_rowtile_whole_steps(cuda_device, woff: int) -> None:
+    """STAGE 4 runs a CTA's whole steps without per-row or per-vector tests when every thread holds
+    MAX_VECS vectors of a row and the weights are 16-byte aligned, and the rest (the last partial
+    step, other N, weights 4 or 8 bytes off) through the tested loop: exact fits at N = 256-2K with
+    M a multiple of the step and not, from registers (WCACHE) and from L1, and N one vector short."""
+    prob = make_forward_problem()
+    base = dict(prob.seeds[0].params, STAGE=4, VEC_BYTES=16, CLUSTER=1, PERSISTENT=0, LOAD_HINT=1, STORE_HINT=1)
+    params = (dict(base, THREADS=32, TPR=32, MAX_VECS=1, TILE_ROWS=4, OCCUPANCY=32),
+              dict(base, THREADS=32, TPR=32, MAX_VECS=2, TILE_ROWS=2, OCCUPANCY=16),
+              dict(base, THREADS=32, TPR=32, MAX_VECS=4, TILE_ROWS=1, OCCUPANCY=32),
+              dict(base, THREADS=128, TPR=32, MAX_VECS=8, TILE_ROWS=1, OCCUPANCY=2, LOAD_HINT=3),
+              dict(base, THREADS=256, TPR=16, MAX_VECS=2, TILE_ROWS=2, OCCUPANCY=4))
+    for p in params:
+        assert prob.params.is_valid(p), p
+    genomes = [prob.seeds[0].with_params(**p) for p in params]
+    _compile(prob, genomes)
+    shapes = [{"M": m, "N": n} for n in (256, 512, 1024, 2048, 248) for m in (1, 64, 70, 2053)]
+    for g in genomes:
+        _check(prob, g, shapes, offsets={"w": woff} if woff else None)
+
+
 @pytest.mark.parametrize("offsets", [{"x": 1, "y": 3}, {"x": 1, "y": 1}, {"x": 0, "y": 2}],
                          ids=["x-y-differ", "x-y-alike", "y-only"])
 def test_forward_misaligned_views(cuda_device, offsets: dict[str, int]) -> None:
