@@ -732,7 +732,7 @@ __device__ __forceinline__ void rmsnorm_rowtile(const void* __restrict__ x, cons
     // Whole steps (a uniform test): when every thread holds MAX_VECS vectors of each row (nv ==
     // TPR * MAX_VECS) and the weights are 16-byte aligned, a CTA's steps whose rows all lie below
     // M test no row and no vector, step a row's address by one add from the last, and load each
-    // vector's weights without an alignment test: 35-55% fewer instructions per stored vector
+    // vector's weights without an alignment test: 32-55% fewer instructions per stored vector
     // than the loop below (benchmarks/rmsnorm_sass.py), the same sums in the same order. The
     // partial last step, other N and unaligned weights take the loop below.
     if (nv == TPR * MAX_VECS && (reinterpret_cast<unsigned long long>(w) & 15) == 0) {
