@@ -389,12 +389,22 @@ def parse_table(text: str) -> PeerTable:
     return PeerTable(lines[:start], names, rows, times)
 
 
-def resume_table(path: Path, names: list[str]) -> PeerTable | None:
-    """The table to continue at ``path`` (None when there is no file), checked against ``names``.
+def table_gpu(table: PeerTable) -> str | None:
+    """The GPU a table's first run timed on (its head's ``Machine:`` line), if it names one."""
+    for line in table.head:
+        m = re.match(r"Machine: (.+?)(?:, |\. |$)", line)
+        if m:
+            return m.group(1).strip()
+    return None
+
+
+def resume_table(path: Path, names: list[str], gpu: str | None = None) -> PeerTable | None:
+    """The table to continue at ``path`` (None when there is no file), checked against ``names``
+    and, when given, against ``gpu`` (this run's device name).
 
     Raises:
-        SystemExit: The file holds no table of this benchmark, or other providers (its rows
-            could not be compared with new ones); the message says what to do.
+        SystemExit: The file holds no table of this benchmark, other providers, or rows timed on
+            another GPU (its rows could not be compared with new ones); the message says what to do.
     """
     if not path.exists():
         return None
@@ -405,6 +415,10 @@ def resume_table(path: Path, names: list[str]) -> PeerTable | None:
     if table.names != names:
         raise SystemExit(f"--resume: {path} has the providers {table.names}, this run {names}; "
                          "pass the same --skip as the run that wrote it, or another --out")
+    before = table_gpu(table)
+    if gpu is not None and before is not None and before != gpu:
+        raise SystemExit(f"--resume: {path} was timed on {before}, this run is on {gpu}; its rows and new ones "
+                         "would not compare: pass another --out, or resume on the same GPU")
     return table
 
 
@@ -480,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     check_required(provs, args.require)
     provs = {name: holding(make) for name, make in provs.items()}  # outputs rotate with the inputs
     out = Path(args.out)
-    prior = resume_table(out, list(provs)) if args.resume else None  # checked before any timing
+    prior = resume_table(out, list(provs), props.name) if args.resume else None  # checked before any timing
     all_shapes = SHAPES
     if args.backward:
         from examples.rmsnorm_problem import make_backward_problem

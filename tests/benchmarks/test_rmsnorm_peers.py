@@ -221,3 +221,15 @@ def test_resume_refuses_a_table_of_other_providers_or_no_table(tmp_path: Path) -
     with pytest.raises(SystemExit, match="leave out --resume"):
         rmsnorm_peers.resume_table(out, ["evo (ours)"])
     assert out.read_text() == "not a table\n"  # nothing overwritten
+
+
+def test_resume_refuses_rows_of_another_gpu(tmp_path: Path) -> None:
+    out = tmp_path / "peers.md"
+    out.write_text(_TABLE)
+    names = ["evo (ours)", "torch", "quack tuned"]
+    assert rmsnorm_peers.table_gpu(rmsnorm_peers.parse_table(_TABLE)) == "NVIDIA H200"
+    assert rmsnorm_peers.resume_table(out, names, "NVIDIA H200") is not None
+    with pytest.raises(SystemExit, match="timed on NVIDIA H200, this run is on NVIDIA H100 80GB HBM3"):
+        rmsnorm_peers.resume_table(out, names, "NVIDIA H100 80GB HBM3")
+    real = _TABLE.replace("Machine: NVIDIA H200.", "Machine: NVIDIA H100 80GB HBM3, 132 SMs, L2 50 MiB; host vm.")
+    assert rmsnorm_peers.table_gpu(rmsnorm_peers.parse_table(real)) == "NVIDIA H100 80GB HBM3"
