@@ -18,6 +18,9 @@ instructions on the device are the measurement; this is the first look.
     python benchmarks/rmsnorm_sass.py --seeds 7 --source /tmp/rmsnorm_fwd_old.cu --out sass.md
     python benchmarks/rmsnorm_sass.py --params '{"STAGE": 4, "THREADS": 32, "TPR": 32, "MAX_VECS": 1}'
 
+``--params`` takes a JSON object of knobs over the first seed's (or a list of them), checked as
+``rmsnorm_fixed_cost.py --params`` checks its one.
+
 ``cuobjdump`` and the ``nvdisasm`` it runs are looked up on PATH, then in the
 ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm`` wheels (dev dependencies), then in ``triton``.
 """
@@ -41,8 +44,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from rmsnorm_fixed_cost import genome_from_params  # noqa: E402
+
 from evo.types import Genome  # noqa: E402
-from examples.rmsnorm_problem import FWD_ENTRY, FWD_SEED_PARAMS, forward_param_space, forward_source  # noqa: E402
+from examples.rmsnorm_problem import FWD_ENTRY, FWD_SEED_PARAMS, forward_source, make_forward_problem  # noqa: E402
 from fitness._compile import compile_source  # noqa: E402
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
@@ -150,23 +157,14 @@ def loops(instrs: Sequence[Instr]) -> list[Loop]:
     return sorted(out, key=lambda lp: lp.start)
 
 
-def complete_params(partial: Mapping[str, Any]) -> dict[str, Any]:
-    """A forward genome's params: ``partial`` over the first seed's, checked against the space."""
-    params = dict(FWD_SEED_PARAMS[0], **partial)
-    space = forward_param_space()
-    if not space.is_valid(params):
-        raise SystemExit(f"--params {json.dumps(dict(partial))} gives an invalid genome: {'; '.join(space.violations(params))}")
-    return params
-
-
 def measure(source: str, params: Mapping[str, Any], cuobjdump: str, nvdisasm: str | None = None) -> dict[str, Any]:
     """Registers, spill bytes and the storing loops of one genome compiled from ``source``."""
     genome = Genome(source, dict(params), entry=FWD_ENTRY)
     res = compile_source(source, entry=FWD_ENTRY, defines=genome.defines())
     if not res.ok:
         raise SystemExit(f"compile failed for {dict(params)}: {res.reason}")
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill stores", res.log))
-    return {"registers": (res.resources or {}).get("registers"), "spill_bytes": spills,
+    report = res.resources or {}
+    return {"registers": report.get("registers"), "spill_bytes": report.get("spill_store_bytes"),
             "loops": loops(disassemble(res.cubin, cuobjdump, nvdisasm))}
 
 
@@ -189,21 +187,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="show every storing loop (default: those that also reduce a row: shuffles in them)")
     ap.add_argument("--out", default="", help="also write the Markdown table here")
     args = ap.parse_args(argv)
-    cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
-    if cuobjdump is None or nvdisasm is None:
-        raise SystemExit("cuobjdump and nvdisasm not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm "
-                         "(both in the dev extra) or put the CUDA toolkit's bin/ on PATH")
     variants: list[dict[str, Any]] = []
     for tok in filter(None, (s.strip() for s in args.seeds.split(","))):
         if not tok.isdigit() or int(tok) >= len(FWD_SEED_PARAMS):
             raise SystemExit(f"--seeds: {tok!r} is not a seed index (0..{len(FWD_SEED_PARAMS) - 1})")
         variants.append(dict(FWD_SEED_PARAMS[int(tok)]))
     if args.params:
-        given = json.loads(args.params)
-        for p in given if isinstance(given, list) else [given]:
-            variants.append(complete_params(p))
+        try:
+            given = json.loads(args.params)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"--params: not JSON ({e})") from e
+        problem = make_forward_problem()
+        for p in given if isinstance(given, list) else [given]:  # each checked as rmsnorm_fixed_cost checks it
+            variants.append(genome_from_params(problem, json.dumps(p))["params"])
     if not variants:
         raise SystemExit("name genomes with --seeds and/or --params")
+    cuobjdump, nvdisasm = find_tool("cuobjdump"), find_tool("nvdisasm")
+    if cuobjdump is None or nvdisasm is None:
+        raise SystemExit("cuobjdump and nvdisasm not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm "
+                         "(both in the dev extra) or put the CUDA toolkit's bin/ on PATH")
     other = Path(args.source).read_text() if args.source else None
     head = "| genome | registers / spill B | storing loops: dtype instructions (stores, per store) |"
     if other is not None:

@@ -40,7 +40,9 @@ def test_parse_and_loops() -> None:
 
 def test_invalid_params_say_why() -> None:
     with pytest.raises(SystemExit, match="TPR"):
-        rs.complete_params({"THREADS": 32, "TPR": 64})
+        rs.main(["--params", '{"THREADS": 32, "TPR": 64}'])
+    with pytest.raises(SystemExit, match="not JSON"):
+        rs.main(["--params", "{THREADS: 32}"])
 
 
 needs_tools = pytest.mark.skipif(shutil.which("nvcc") is None or rs.find_tool("cuobjdump") is None
@@ -51,7 +53,7 @@ needs_tools = pytest.mark.skipif(shutil.which("nvcc") is None or rs.find_tool("c
 @needs_tools
 def test_row_tile_whole_steps_are_the_short_loop(tmp_path: Path) -> None:
     """A one-warp STAGE 4 seed: per dtype a loop over whole steps (no tests) much shorter than the
-    tested loop, both storing TILE_ROWS * MAX_VECS vectors, compared with a source lacking it."""
+    tested loop, both storing TILE_ROWS * MAX_VECS vectors; and the table the command line writes."""
     seed = next(p for p in FWD_SEED_PARAMS if p["STAGE"] == 4 and p["THREADS"] == 32 and p["TILE_ROWS"] == 4)
     cuobjdump, nvdisasm = rs.find_tool("cuobjdump"), rs.find_tool("nvdisasm")
     got = rs.measure(rs.forward_source(), seed, cuobjdump, nvdisasm)
