@@ -449,6 +449,17 @@ def pending_cases(dtypes: list[str], shapes: list[tuple[int, int]],
     return [(dtype, m, n) for dtype in dtypes for m, n in shapes if (dtype, n) not in done]
 
 
+def untimed_lines(left: list[tuple[str, int, int]], limit: float | None) -> list[str]:
+    """The note a run that ``--time-limit`` stopped writes under its rows: the cases of the
+    matrix it did not time, so a partial table says what it lacks (``--resume`` times them).
+    Empty when nothing is left."""
+    if not left:
+        return []
+    names = ", ".join(f"{m}x{n} {dtype}" for dtype, m, n in left)
+    return ["", f"Not timed: --time-limit {limit:g} s stopped the run before {len(left)} "
+            f"case{'s' if len(left) != 1 else ''}: {names}. Run again with --resume to time them."]
+
+
 def copy_ceiling_tbs() -> float:
     """The device-to-device copy rate (TB/s, read plus write) of a 2 GiB buffer, timed like the
     providers (:func:`fitness.time_calls`) but issued call by call: a memcpy recorded in a CUDA
@@ -524,10 +535,14 @@ def main(argv: list[str] | None = None) -> int:
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     todo = pending_cases(args.dtypes.split(","), shapes, prior)
     left = len(todo)
-    for dtype, m, n in todo:
+    for i, (dtype, m, n) in enumerate(todo):
         if args.time_limit is not None and time.monotonic() - started > args.time_limit:
             print(f"stopped by --time-limit {args.time_limit:g} s with {left} of {len(todo)} cases left; "
                   "run again with --resume to time them", flush=True)
+            untimed = untimed_lines(todo[i:], args.time_limit)
+            print("\n".join(untimed), flush=True)
+            with out.open("a") as fh:  # the table says what it lacks; --resume reads only the rows
+                fh.write("\n".join(untimed) + "\n")
             break
         left -= 1
         elem = torch.finfo(tdt[dtype]).bits // 8

@@ -233,3 +233,18 @@ def test_resume_refuses_rows_of_another_gpu(tmp_path: Path) -> None:
         rmsnorm_peers.resume_table(out, names, "NVIDIA H100 80GB HBM3")
     real = _TABLE.replace("Machine: NVIDIA H200.", "Machine: NVIDIA H100 80GB HBM3, 132 SMs, L2 50 MiB; host vm.")
     assert rmsnorm_peers.table_gpu(rmsnorm_peers.parse_table(real)) == "NVIDIA H100 80GB HBM3"
+
+
+def test_a_time_limited_table_names_the_cases_it_did_not_time_and_resumes_past_the_note() -> None:
+    left = [("float32", 32768, 65536), ("float32", 16384, 131072)]
+    note = rmsnorm_peers.untimed_lines(left, 470.0)
+    assert note[-1] == ("Not timed: --time-limit 470 s stopped the run before 2 cases: 32768x65536 float32, "
+                        "16384x131072 float32. Run again with --resume to time them.")
+    assert rmsnorm_peers.untimed_lines(left[:1], 60.0)[-1].startswith("Not timed: --time-limit 60 s stopped "
+                                                                      "the run before 1 case: ")
+    assert rmsnorm_peers.untimed_lines([], 470.0) == []
+    # a file cut short by the limit: rows, the note, then the summary; --resume reads the rows only
+    rows_end = _TABLE.index("\nPeer's time")
+    text = _TABLE[:rows_end] + "\n".join(note) + "\n" + _TABLE[rows_end:]
+    t = rmsnorm_peers.parse_table(text)
+    assert len(t.rows) == 2 and t.done() == {("bfloat16", 256), ("bfloat16", 32768)}
