@@ -93,6 +93,7 @@ _FUNCS = _DATA["funcs"]
 _CTYPES = {{"int32": "int32", "int64": "int64", "uint32": "uint32", "float32": "float32"}}
 _cache = {{}}
 _dyn = {{}}  # dynamic shared memory limit set per case's kernel
+_fits = {{}}  # resident launches: CTAs that fit at once, per device, case and launch shape
 _ws = {{}}  # (device, name, bytes) -> zeroed workspace
 
 
@@ -176,9 +177,17 @@ def run(*buffers, shape, dtype, device=None, stream=None):
     if launch.shared_mem > _dyn.get(g["case"], 0):  # 48 KB in all by default, static arrays included
         kern.max_dynamic_shared_size_bytes = launch.shared_mem
         _dyn[g["case"]] = launch.shared_mem
+    fptr = kern.kernel.ptr if hasattr(kern, "kernel") else kern.ptr  # RawKernel wraps a Function
     if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
-        fptr = kern.kernel.ptr if hasattr(kern, "kernel") else kern.ptr  # RawKernel wraps a Function
         cupy.cuda.driver.funcSetAttribute(fptr, 14, 1)  # NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    if getattr(launch, "resident", False):  # a persistent grid: no more CTAs than fit at once
+        from fitness import fit_resident, resident_blocks
+        dev = cupy.cuda.runtime.getDevice()
+        key = (dev, g["case"], launch.block, launch.shared_mem, launch.cluster)
+        if key not in _fits:
+            sms = cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
+            _fits[key] = resident_blocks(fptr, launch, sms)
+        launch = fit_resident(launch, _fits[key])
     with stream:
         kern(launch.grid, launch.block, tuple(buffers) + tuple(scalars), shared_mem=launch.shared_mem)
 '''

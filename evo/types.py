@@ -632,24 +632,42 @@ class ArgSpec:
 
 @dataclass(frozen=True)
 class Launch:
-    """How the harness launches a kernel: grid, block, dynamic shared memory, cluster."""
+    """How the harness launches a kernel: grid, block, dynamic shared memory, cluster.
+
+    Attributes:
+        grid: CTAs per dimension (with ``resident``: the most the kernel may be given).
+        block: Threads per CTA per dimension (1024 in all at most).
+        shared_mem: Dynamic shared memory bytes per CTA.
+        cluster: CTAs per cluster per dimension (``__cluster_dims__``), or ``None``.
+        resident: The kernel strides over its work by ``gridDim`` (a persistent grid), so any
+            grid up to ``grid`` computes the same result. The harness then launches no more
+            CTAs than can run on the device at once with this block, shared memory and
+            cluster (the driver's occupancy calculator; whole clusters, at least one): a
+            persistent grid that asks for more would leave CTAs waiting for a second wave,
+            each with a full share of the work. A 1-D grid (and cluster) only.
+    """
 
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     shared_mem: int = 0
     cluster: tuple[int, int, int] | None = None
+    resident: bool = False
 
     def __post_init__(self) -> None:
         g = tuple(int(x) for x in (tuple(self.grid) + (1, 1, 1))[:3])
         b = tuple(int(x) for x in (tuple(self.block) + (1, 1, 1))[:3])
         object.__setattr__(self, "grid", g)
         object.__setattr__(self, "block", b)
+        object.__setattr__(self, "resident", bool(self.resident))
         if self.cluster is not None:
             object.__setattr__(self, "cluster", tuple(int(x) for x in (tuple(self.cluster) + (1, 1, 1))[:3]))
         if min(g) < 1 or min(b) < 1:
             raise ProblemError(f"Launch grid {g} and block {b} must be positive")
         if b[0] * b[1] * b[2] > 1024:
             raise ProblemError(f"Launch block {b} has more than 1024 threads")
+        if self.resident and (g[1:] != (1, 1) or (self.cluster is not None and self.cluster[1:] != (1, 1))):
+            raise ProblemError(f"a resident Launch takes a 1-D grid and cluster (got grid {g}, cluster "
+                               f"{self.cluster}): put the CTAs along x, or set resident=False")
 
 
 @dataclass(frozen=True)

@@ -209,8 +209,10 @@ def fwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mappi
     """Grid of row groups (times CLUSTER CTAs each), THREADS per CTA, staging shared memory.
 
     Non-persistent: one group per ``THREADS // TPR`` rows (STAGE 3: per tile of rows).
-    Persistent (``PERSISTENT = k``): ``k * SM count`` CTAs at most; the kernel strides over
-    the rows either way. STAGE 1 asks for the row chunks in dynamic shared memory when they
+    Persistent (``PERSISTENT = k``): ``k * SM count`` CTAs at most, and a resident launch
+    (:class:`~evo.types.Launch`), so the harness runs no more than fit the device at once
+    (with 16-CTA clusters that can be fewer than one per SM: a cluster must fit one GPC);
+    the kernel strides over the rows either way. STAGE 1 asks for the row chunks in dynamic shared memory when they
     fit :data:`SMEM_CAP`, else for none (the kernel then re-reads global memory). STAGE 3
     asks for ``PIPE`` buffers of ``rows`` row slices, ``rows`` the most (up to TILE_ROWS)
     that let ``max(k, 1)`` CTAs share an SM's shared memory; when not even one row fits, or
@@ -237,7 +239,7 @@ def fwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mappi
     if k > 0:
         groups = min(groups, max(1, k * _sm_count(device) // cluster))
     return Launch(grid=(groups * cluster, 1, 1), block=(threads, 1, 1), shared_mem=shared,
-                  cluster=(cluster, 1, 1) if cluster > 1 else None)
+                  cluster=(cluster, 1, 1) if cluster > 1 else None, resident=k > 0)
 
 
 SM_SMEM = 228 * 1024

@@ -52,11 +52,12 @@ __all__ = [
     "Resources", "parse_ptxas_report", "ptxas_entries",
     "Evaluator", "EvaluatorConfigError", "HostScore", "check_reference", "default_stages",
     "WorkerOutcome", "WorkerProcess", "is_cuda_fault", "visible_devices",
-    "Correctness", "Timing", "init_device",
+    "Correctness", "Timing", "init_device", "fit_resident", "resident_blocks",
     "random_normal", "seed_from", "CallTiming", "time_calls", "rotation_sets",
 ]
 
-_LAZY = {"Correctness": "fitness._gate", "Timing": "fitness._gate", "init_device": "fitness._device"}
+_LAZY = {"Correctness": "fitness._gate", "Timing": "fitness._gate", "init_device": "fitness._device",
+         "fit_resident": "fitness._device", "resident_blocks": "fitness._device"}
 
 
 def __getattr__(name: str) -> Any:

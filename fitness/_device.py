@@ -26,6 +26,8 @@ cupy is imported lazily, inside the functions that need it.
 from __future__ import annotations
 
 import collections
+import ctypes
+import dataclasses
 import logging
 import math
 import os
@@ -262,6 +264,7 @@ class KernelHandle:
         cluster: Cluster shape compiled into the kernel (``__cluster_dims__``) or ``None``.
         dyn_shared_set: The dynamic shared memory limit set on the function so far (0: the
             default, 48 KB less the static shared memory).
+        resident: CTAs that fit at once, per (block, shared memory, cluster) asked so far.
     """
 
     function: Any
@@ -273,6 +276,7 @@ class KernelHandle:
     cluster: tuple[int, int, int] | None = None
     dyn_shared_set: int = 0
     module: Any = None
+    resident: dict[Any, int] = dataclasses.field(default_factory=dict)
 
 
 class Backend:
@@ -293,6 +297,18 @@ class Backend:
     def launch(self, kernel: KernelHandle, launch: Launch, args: Sequence[Any],
                device: DeviceInfo) -> None:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def resident_blocks(self, kernel: KernelHandle, launch: Launch, device: DeviceInfo) -> int | None:
+        """CTAs of ``launch`` that can run on the device at once; ``None``: unknown (a
+        resident launch then keeps its grid)."""
+        return None
+
+    def fit(self, kernel: KernelHandle, launch: Launch, device: DeviceInfo) -> Launch:
+        """The launch to run for ``launch``: a ``resident`` one capped at what fits at once
+        (:func:`fit_resident`); any other unchanged."""
+        if not launch.resident:
+            return launch
+        return fit_resident(launch, self.resident_blocks(kernel, launch, device))
 
     def capture(self, kernel: KernelHandle, launch: Launch, arg_lists: Sequence[Sequence[Any]],
                 device: DeviceInfo) -> Any:
@@ -385,6 +401,69 @@ def validate_launch(kernel: KernelHandle, launch: Launch, device: DeviceInfo) ->
             raise LaunchConfigError(f"grid {launch.grid} is not a whole number of clusters {shape}")
         if shape[0] * shape[1] * shape[2] > 16:
             raise LaunchConfigError(f"cluster {shape} has more than 16 blocks (the Hopper limit)")
+
+
+def fit_resident(launch: Launch, resident_blocks: int | None) -> Launch:
+    """The launch to run: a ``resident`` launch's grid capped at ``resident_blocks`` CTAs.
+
+    Whole clusters, and never below one cluster (or CTA): a kernel that fits nowhere then
+    fails at its launch with the driver's own error. Unchanged when the launch is not
+    resident, ``resident_blocks`` is ``None`` (unknown) or the grid already fits.
+    """
+    if not launch.resident or resident_blocks is None:
+        return launch
+    c = launch.cluster[0] if launch.cluster is not None else 1
+    cap = max(c, int(resident_blocks) // c * c)
+    if launch.grid[0] <= cap:
+        return launch
+    return dataclasses.replace(launch, grid=(cap, 1, 1))
+
+
+class _CULaunchConfig(ctypes.Structure):
+    """``CUlaunchConfig`` of the CUDA driver API (no stream, no launch attributes)."""
+
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p), ("attrs", ctypes.c_void_p),
+                ("numAttrs", ctypes.c_uint)]
+
+
+_LIBCUDA: Any = None
+
+
+def _libcuda() -> Any:
+    global _LIBCUDA
+    if _LIBCUDA is None:
+        _LIBCUDA = ctypes.CDLL("libcuda.so.1")
+    return _LIBCUDA
+
+
+def resident_blocks(function_ptr: int, launch: Launch, sm_count: int) -> int:
+    """CTAs of ``launch`` that the current device can run at once (the driver's occupancy
+    calculator): with a cluster, ``cuOccupancyMaxActiveClusters`` times the cluster size (the
+    clusters of one GPC share its SMs, so this can be well below CTAs per SM times SMs);
+    without, CTAs per SM times ``sm_count``. The function's dynamic shared memory limit and
+    non-portable cluster permission must already be set (they change the answer).
+
+    Raises:
+        LaunchConfigError: the driver refused the query (the message carries its CUDA error).
+    """
+    threads = launch.block[0] * launch.block[1] * launch.block[2]
+    if launch.cluster is not None and math.prod(launch.cluster) > 1:
+        cfg = _CULaunchConfig(launch.grid[0], launch.grid[1], launch.grid[2], launch.block[0], launch.block[1],
+                              launch.block[2], int(launch.shared_mem), None, None, 0)
+        n = ctypes.c_int(0)
+        rc = _libcuda().cuOccupancyMaxActiveClusters(ctypes.byref(n), ctypes.c_void_p(int(function_ptr)),
+                                                     ctypes.byref(cfg))
+        if rc != 0:
+            raise LaunchConfigError(f"cuOccupancyMaxActiveClusters refused block {launch.block}, "
+                                    f"{launch.shared_mem} B shared, cluster {launch.cluster}: CUDA error {rc}")
+        return int(n.value) * math.prod(launch.cluster)
+    import cupy
+
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(int(function_ptr), threads,
+                                                                         int(launch.shared_mem))
+    return int(per_sm) * int(sm_count)
 
 
 class CupyBackend(Backend):
@@ -554,6 +633,22 @@ class CupyBackend(Backend):
         if needs_dyn_shared_optin(kernel, launch):
             self.cupy.cuda.driver.funcSetAttribute(kernel.function.ptr, _ATTR_MAX_DYN_SHARED, int(launch.shared_mem))
             kernel.dyn_shared_set = int(launch.shared_mem)
+
+    def resident_blocks(self, kernel: KernelHandle, launch: Launch, device: DeviceInfo) -> int | None:
+        """The driver's occupancy answer for ``launch`` (cached on the kernel per block, shared
+        memory and cluster)."""
+        key = (launch.block, int(launch.shared_mem), launch.cluster)
+        if key not in kernel.resident:
+            validate_launch(kernel, launch, device)
+            try:
+                self._allow_dyn_shared(kernel, launch)
+                kernel.resident[key] = resident_blocks(kernel.function.ptr, launch, device.sm_count)
+            except LaunchConfigError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise self._translate(exc, f"asking how many CTAs of {kernel.name!r} block={launch.block} "
+                                           f"shared={launch.shared_mem} fit at once") from exc
+        return kernel.resident[key]
 
     def launch(self, kernel: KernelHandle, launch: Launch, args: Sequence[Any], device: DeviceInfo) -> None:
         """Launch asynchronously on the current stream (no synchronise).

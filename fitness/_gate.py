@@ -522,7 +522,10 @@ class Correctness(Stage):
             cases = [c for c in cases if c.key not in timed] or cases[:1]
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
-            launch = _launch_for(problem, job, case, device)
+            try:
+                launch = backend.fit(kernel, _launch_for(problem, job, case, device), device)
+            except LaunchConfigError as exc:
+                return StageResult.fail(Status.RUNTIME_ERROR, f"case {case.key}: {exc}")
             cs = _new_set(backend, specs, _scalars(problem, case), canary)
             _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, "check"))
             outputs: list[tuple[str, Any]] = []
@@ -681,15 +684,17 @@ class Timing(Stage):
         busy_ms = backend.hold_busy(float(opts.get("device_warmup_ms") or 0.0))
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
-            launch = _launch_for(problem, job, case, device)
             inc = incumbents.get(case.key) if isinstance(incumbents, Mapping) else None
             try:
+                launch = backend.fit(kernel, _launch_for(problem, job, case, device), device)
                 res = self._time_case(backend, problem, job, case, ci, kernel, launch, specs, canary, device, ctx, opts,
                                       inc)
             except LaunchConfigError as exc:
                 return StageResult.fail(Status.RUNTIME_ERROR, f"case {case.key}: {exc}")
             if isinstance(res, StageResult):
                 return res
+            if launch.resident:
+                res["grid"] = launch.grid[0]  # the CTAs a resident launch ran with on this device
             per_case[case.key] = res
             backend.release()
         metrics: dict[str, Any] = {"cases": per_case, "device_warmup_ms": busy_ms,

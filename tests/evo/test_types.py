@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from evo.space import CategoricalAxis, Choice, NumericAxis, ParamSpace, SpaceError
-from evo.types import Evaluation, Genome, Lesson, Problem, Record, Status, normalize_source
+from evo.types import Evaluation, Genome, Launch, Lesson, Problem, ProblemError, Record, Status, normalize_source
 
 SRC = """
 // rmsnorm
@@ -144,3 +144,14 @@ def test_descriptor_values_and_axes() -> None:
         p.descriptors[1].index("c")
     with pytest.raises(SpaceError):
         p.descriptor_values(g, Evaluation(Status.OK, fitness=1.0))
+
+
+def test_a_resident_launch_takes_a_one_dimensional_grid_and_cluster():
+    la = Launch((528, 1), (128,), cluster=(16,), resident=1)
+    assert la.resident is True and la.grid == (528, 1, 1) and la.cluster == (16, 1, 1)
+    assert Launch((4, 1, 1), (32, 1, 1)).resident is False
+    with pytest.raises(ProblemError, match="1-D grid and cluster"):
+        Launch((4, 2, 1), (32, 1, 1), resident=True)
+    with pytest.raises(ProblemError, match="1-D grid and cluster"):
+        Launch((4, 2, 1), (32, 1, 1), cluster=(1, 2, 1), resident=True)
+    Launch((4, 2, 1), (32, 1, 1))  # a 2-D grid is fine when not resident

@@ -449,3 +449,67 @@ def test_seeds_through_evaluator(cuda_device) -> None:
             assert res.ok, res.reason
     finally:
         ev.close()
+
+
+def _resident_cluster_genome(prob: Problem) -> Genome:
+    """A persistent STAGE 3 genome of 16-CTA clusters (weights in shared memory): a grid that asks
+    for PERSISTENT * SMs CTAs, more than 16-CTA clusters can usually run at once."""
+    p = dict(prob.seeds[0].params, STAGE=3, VEC_BYTES=16, LOAD_HINT=3, STORE_HINT=1, MAX_VECS=4, OCCUPANCY=0,
+             THREADS=128, TPR=128, CLUSTER=16, PERSISTENT=2, WSMEM=1, PIPE=2, TILE_ROWS=1, PREFETCH=0)
+    assert prob.params.is_valid(p), prob.params.violations(p)
+    return prob.seeds[0].with_params(**p)
+
+
+def test_forward_resident_grid_through_evaluator(cuda_device) -> None:
+    """A persistent cluster grid runs with no more clusters than fit at once: the gate asks the
+    driver (cuOccupancyMaxActiveClusters), launches whole clusters within it, passes, and Timing
+    records the grid it ran."""
+    import cupy as cp
+
+    import fitness
+
+    shape = {"M": 2048, "N": 65536}
+    prob = make_forward_problem(timed=[shape], dtypes=["bfloat16"])
+    g = _resident_cluster_genome(prob)
+    sms = cp.cuda.runtime.getDeviceProperties(cp.cuda.runtime.getDevice())["multiProcessorCount"]
+    asked = prob.launch(dict(g.params), Case(shape, "bfloat16"), {"sm_count": sms})
+    assert asked.resident and asked.cluster == (16, 1, 1)
+    ev = fitness.Evaluator(prob)
+    try:
+        res = ev.evaluate(g)
+    finally:
+        ev.close()
+    assert res.ok, res.reason
+    ran = res.metrics["cases"]["M=2048,N=65536:bfloat16"]["grid"]
+    assert 16 <= ran <= asked.grid[0] and ran % 16 == 0, (ran, asked.grid)
+
+
+def test_forward_resident_grid_in_the_dispatch(cuda_device, tmp_path) -> None:
+    """An exported module caps a resident launch the same way (asked once per device and launch
+    shape) and computes y right, twice."""
+    import importlib.util
+
+    import cupy as cp
+
+    from evo.export import export_module
+    from evo.types import Evaluation, Record, Status
+
+    shape = {"M": 300, "N": 65536}
+    prob = make_forward_problem(timed=[shape], dtypes=["float32"])
+    g = _resident_cluster_genome(prob)
+    key = "M=300,N=65536:float32"
+    rec = Record(g, Evaluation(Status.OK, fitness=1.0, metrics={"cases": {key: {"time_ms": 1.0}}}))
+    path = export_module([rec], prob, tmp_path / "fwd_dispatch.py")
+    spec = importlib.util.spec_from_file_location("fwd_dispatch", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    case = Case(shape, "float32")
+    raw = prob.make_inputs(case, np.random.default_rng(5), cp)
+    ins = {k: cp.asarray(v, dtype=cp.float32) for k, v in raw.items()}
+    want = cp.asarray(prob.reference(ins, case, cp)["y"])
+    for _ in range(2):
+        y = cp.full(300 * 65536, cp.nan, dtype=cp.float32)
+        mod.run(ins["x"], ins["w"], y, shape=shape, dtype="float32")
+        cp.cuda.runtime.deviceSynchronize()
+        assert float(cp.linalg.norm(y - want) / cp.linalg.norm(want)) < prob.tolerances["float32"]
+    assert len(mod._fits) == 1 and all(v > 0 and v % 16 == 0 for v in mod._fits.values()), mod._fits

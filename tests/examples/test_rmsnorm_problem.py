@@ -111,6 +111,8 @@ def test_launch_covers_every_row(dtype: str) -> None:
             assert (L.cluster is None) == (p["CLUSTER"] == 1)
             if p["PERSISTENT"] == 0:
                 assert groups * rpc >= shape["M"]
+            # a persistent grid is resident: the harness runs no more CTAs than fit at once
+            assert L.resident == (p["PERSISTENT"] > 0)
 
 
 def test_launch_stage_smem() -> None:

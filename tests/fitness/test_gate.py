@@ -25,6 +25,7 @@ from fitness._device import (
     KernelHandle,
     LaunchConfigError,
     allocate_buffers,
+    fit_resident,
     gpu_available,
     make_canary,
     needs_dyn_shared_optin,
@@ -542,6 +543,55 @@ def test_validate_launch_messages():
     validate_launch(kc, Launch((4, 16, 1), (32, 1, 1)), CPU_DEVICE)
     with pytest.raises(LaunchConfigError, match="whole number of clusters"):
         validate_launch(kc, Launch((4, 12, 1), (32, 1, 1)), CPU_DEVICE)
+
+
+def test_fit_resident_caps_a_persistent_grid_at_whole_clusters_that_fit():
+    plain = Launch((1000, 1, 1), (128, 1, 1))
+    assert fit_resident(plain, 10) is plain  # not resident: never changed
+    res = Launch((1000, 1, 1), (128, 1, 1), resident=True)
+    assert fit_resident(res, None) is res  # unknown: the grid stays
+    assert fit_resident(res, 264).grid == (264, 1, 1)
+    assert fit_resident(res, 5000) is res  # already fits
+    cl = Launch((528, 1, 1), (128, 1, 1), cluster=(16, 1, 1), resident=True, shared_mem=32768)
+    capped = fit_resident(cl, 7 * 16 + 5)  # whole clusters only
+    assert capped.grid == (112, 1, 1) and capped.cluster == (16, 1, 1) and capped.shared_mem == 32768
+    assert capped.resident and capped.block == (128, 1, 1)
+    assert fit_resident(cl, 0).grid == (16, 1, 1)  # at least one cluster: the driver then says why not
+
+
+def test_resident_launches_run_with_the_grid_that_fits(monkeypatch):
+    """The gate asks the backend how many CTAs fit and launches that many (Correctness and Timing);
+    Timing records the grid it ran per case; a backend that cannot tell keeps the Problem's grid."""
+    grids = []
+
+    def k_grid(launch, args, state):
+        grids.append(launch.grid[0])
+        k_good(launch, args, state)
+
+    def resident_launch(params, case, device):
+        return Launch(grid=(case["M"] * 4, 1, 1), block=(int(params["THREADS"]), 1, 1), resident=True)
+
+    class Fits(NumpyBackend):
+        def resident_blocks(self, kernel, launch, device):
+            return 8
+
+    problem = dataclasses.replace(small_problem(), launch=resident_launch)
+    res, _ = run_stage(Correctness(), "grid", problem=problem, backend=Fits({"grid": k_grid}))
+    assert res.ok and set(grids) == {min(4 * c["M"], 8) for c in rp.CHECK_SHAPES}  # a grid that fits stays
+    grids.clear()
+    res, _ = run_stage(Timing(), "grid", problem=problem, backend=Fits({"grid": k_grid}))
+    assert res.ok and set(grids) == {8}
+    assert [c["grid"] for c in res.metrics["cases"].values()] == [8, 8]  # float32 and bfloat16
+    grids.clear()
+    res, _ = run_stage(Timing(), "grid", problem=problem, backend=NumpyBackend({"grid": k_grid}))
+    assert res.ok and set(grids) == {64 * 4} and res.metrics["cases"]["M=64,N=256:float32"]["grid"] == 256
+
+    class Refuses(NumpyBackend):
+        def resident_blocks(self, kernel, launch, device):
+            raise LaunchConfigError("cuOccupancyMaxActiveClusters refused block (256, 1, 1): CUDA error 1")
+
+    res, _ = run_stage(Correctness(), "grid", problem=problem, backend=Refuses({"grid": k_grid}))
+    assert res.status is Status.RUNTIME_ERROR and "CUDA error 1" in res.artifacts["reason"]
 
 
 def test_dynamic_shared_optin_counts_static_memory():
