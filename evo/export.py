@@ -186,7 +186,10 @@ def run(*buffers, shape, dtype, device=None, stream=None):
         key = (dev, g["case"], launch.block, launch.shared_mem, launch.cluster)
         if key not in _fits:
             sms = cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
-            _fits[key] = resident_blocks(fptr, launch, sms)
+            try:
+                _fits[key] = resident_blocks(fptr, launch, sms)
+            except (OSError, AttributeError):  # no driver library or symbol: the grid stays (an upper bound)
+                _fits[key] = None
         launch = fit_resident(launch, _fits[key])
     with stream:
         kern(launch.grid, launch.block, tuple(buffers) + tuple(scalars), shared_mem=launch.shared_mem)

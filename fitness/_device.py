@@ -264,7 +264,8 @@ class KernelHandle:
         cluster: Cluster shape compiled into the kernel (``__cluster_dims__``) or ``None``.
         dyn_shared_set: The dynamic shared memory limit set on the function so far (0: the
             default, 48 KB less the static shared memory).
-        resident: CTAs that fit at once, per (block, shared memory, cluster) asked so far.
+        resident: CTAs that fit at once, per (block, shared memory, cluster) asked so far
+            (``None``: the driver could not be asked).
     """
 
     function: Any
@@ -276,7 +277,7 @@ class KernelHandle:
     cluster: tuple[int, int, int] | None = None
     dyn_shared_set: int = 0
     module: Any = None
-    resident: dict[Any, int] = dataclasses.field(default_factory=dict)
+    resident: dict[Any, int | None] = dataclasses.field(default_factory=dict)
 
 
 class Backend:
@@ -646,8 +647,15 @@ class CupyBackend(Backend):
             except LaunchConfigError:
                 raise
             except Exception as exc:  # noqa: BLE001
-                raise self._translate(exc, f"asking how many CTAs of {kernel.name!r} block={launch.block} "
-                                           f"shared={launch.shared_mem} fit at once") from exc
+                err = self._translate(exc, f"asking how many CTAs of {kernel.name!r} block={launch.block} "
+                                           f"shared={launch.shared_mem} fit at once")
+                if err is not exc:
+                    raise err from exc
+                # not a CUDA error (no driver library or symbol): the grid is an upper bound the
+                # kernel is correct with, so it stays
+                log.warning("cannot ask the driver how many CTAs fit (%s: %s); resident launches keep their grid",
+                            type(exc).__name__, exc)
+                kernel.resident[key] = None
         return kernel.resident[key]
 
     def launch(self, kernel: KernelHandle, launch: Launch, args: Sequence[Any], device: DeviceInfo) -> None:

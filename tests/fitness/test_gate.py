@@ -12,6 +12,7 @@ import math
 import shutil
 import subprocess
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -592,6 +593,29 @@ def test_resident_launches_run_with_the_grid_that_fits(monkeypatch):
 
     res, _ = run_stage(Correctness(), "grid", problem=problem, backend=Refuses({"grid": k_grid}))
     assert res.status is Status.RUNTIME_ERROR and "CUDA error 1" in res.artifacts["reason"]
+
+
+def test_a_resident_launch_keeps_its_grid_where_the_driver_cannot_be_asked(caplog):
+    """No CUDA driver library (this CPU machine): the real backend's occupancy query fails to load
+    it, warns once, and the resident launch keeps the Problem's grid (an upper bound the kernel is
+    correct with) instead of failing the genome."""
+    import ctypes
+
+    from fitness._device import CupyBackend
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("a CUDA driver library is present: the GPU tests cover the query")
+    except OSError:
+        pass
+    backend = object.__new__(CupyBackend)  # no device to make a stream on; the query needs none
+    kernel = KernelHandle(types.SimpleNamespace(ptr=1), "k", cluster=(16, 1, 1))
+    la = Launch((528, 1, 1), (128, 1, 1), cluster=(16, 1, 1), resident=True)
+    with caplog.at_level("WARNING", logger="fitness"):
+        assert backend.fit(kernel, la, CPU_DEVICE) is la
+        assert backend.fit(kernel, la, CPU_DEVICE) is la  # asked once per launch shape
+    assert kernel.resident == {((128, 1, 1), 0, (16, 1, 1)): None}
+    assert sum("cannot ask the driver" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_dynamic_shared_optin_counts_static_memory():
