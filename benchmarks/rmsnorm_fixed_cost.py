@@ -206,6 +206,11 @@ def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: i
         kern.max_dynamic_shared_size_bytes = launch.shared_mem
     if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
         cupy.cuda.driver.funcSetAttribute(kern.kernel.ptr, _ATTR_NON_PORTABLE_CLUSTER, 1)  # 16-CTA clusters
+    if launch.resident:  # a persistent grid: no more CTAs than fit at once, as the Timing stage runs it
+        from fitness import fit_resident, resident_blocks
+
+        sms = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["multiProcessorCount"]
+        launch = fit_resident(launch, resident_blocks(kern.kernel.ptr, launch, sms))
     ctype = {"int32": np.int32, "float32": np.float32}
     scalars = tuple(ctype[t](v) for t, v in problem.scalars(case))
     specs = list(problem.signature(case))
