@@ -618,6 +618,28 @@ def test_a_resident_launch_keeps_its_grid_where_the_driver_cannot_be_asked(caplo
     assert sum("cannot ask the driver" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_the_occupancy_query_struct_matches_the_cuda_header(tmp_path):
+    """``_CULaunchConfig`` (passed to cuOccupancyMaxActiveClusters through ctypes) has the size and
+    field offsets of ``CUlaunchConfig`` in the toolkit's cuda.h, as the host compiler lays it out."""
+    import ctypes
+
+    from fitness._device import _CULaunchConfig
+
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    fields = [f for f, _ in _CULaunchConfig._fields_]
+    src = tmp_path / "layout.cpp"
+    src.write_text("#include <cuda.h>\n#include <cstddef>\n#include <cstdio>\nint main() {\n"
+                   '  printf("%zu\\n", sizeof(CUlaunchConfig));\n'
+                   + "".join(f'  printf("%zu\\n", offsetof(CUlaunchConfig, {f}));\n' for f in fields) + "}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([nvcc, "-o", str(exe), str(src)], check=True, capture_output=True, timeout=300)
+    out = [int(v) for v in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    assert out[0] == ctypes.sizeof(_CULaunchConfig)
+    assert out[1:] == [getattr(_CULaunchConfig, f).offset for f in fields]
+
+
 def test_dynamic_shared_optin_counts_static_memory():
     """48 KB in all without the attribute: 48 KB dynamic plus any static array needs it."""
     k = KernelHandle(None, "k", static_shared=128)
