@@ -212,8 +212,9 @@ def fwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mappi
     Persistent (``PERSISTENT = k``): ``k * SM count`` CTAs at most, and a resident launch
     (:class:`~evo.types.Launch`), so the harness runs no more than fit the device at once
     (with 16-CTA clusters that can be fewer than one per SM: a cluster must fit one GPC);
-    the kernel strides over the rows either way. STAGE 1 asks for the row chunks in dynamic shared memory when they
-    fit :data:`SMEM_CAP`, else for none (the kernel then re-reads global memory). STAGE 3
+    the kernel strides over the rows either way. STAGE 1 asks for the row chunks in dynamic
+    shared memory when they fit :data:`SMEM_CAP`, else for none (the kernel then re-reads
+    global memory). STAGE 3
     asks for ``PIPE`` buffers of ``rows`` row slices, ``rows`` the most (up to TILE_ROWS)
     that let ``max(k, 1)`` CTAs share an SM's shared memory; when not even one row fits, or
     the rows are not 16-byte multiples, it asks for none and the kernel falls back to STAGE 2.

@@ -467,13 +467,19 @@ def _device(ctx: StageContext, backend: Backend) -> DeviceInfo:
     return ctx.device if ctx.device is not None else backend.device_info(ctx.scratch)
 
 
-def _launch_for(problem: Problem, job: Job, case: Case, device: DeviceInfo) -> Launch:
+def _launch_for(problem: Problem, job: Job, case: Case, device: DeviceInfo, backend: Backend,
+                kernel: KernelHandle) -> Launch:
+    """The launch to run for ``case``: the Problem's, a resident one fitted to the device (:meth:`Backend.fit`).
+
+    Raises:
+        LaunchConfigError: the device could not size a resident launch.
+    """
     if problem.launch is None:
         raise ProblemError(f"Problem {problem.name!r} has no launch(params, case, device)")
     launch = problem.launch(job.genome.params, case, device)
     if not isinstance(launch, Launch):
         raise ProblemError(f"launch({case.key}) returned {type(launch).__name__}, expected evo.types.Launch")
-    return launch
+    return backend.fit(kernel, launch, device)
 
 
 def _scalars(problem: Problem, case: Case) -> list[Any]:
@@ -523,7 +529,7 @@ class Correctness(Stage):
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
             try:
-                launch = backend.fit(kernel, _launch_for(problem, job, case, device), device)
+                launch = _launch_for(problem, job, case, device, backend, kernel)
             except LaunchConfigError as exc:
                 return StageResult.fail(Status.RUNTIME_ERROR, f"case {case.key}: {exc}")
             cs = _new_set(backend, specs, _scalars(problem, case), canary)
@@ -686,7 +692,7 @@ class Timing(Stage):
             specs = _specs(problem, case)
             inc = incumbents.get(case.key) if isinstance(incumbents, Mapping) else None
             try:
-                launch = backend.fit(kernel, _launch_for(problem, job, case, device), device)
+                launch = _launch_for(problem, job, case, device, backend, kernel)
                 res = self._time_case(backend, problem, job, case, ci, kernel, launch, specs, canary, device, ctx, opts,
                                       inc)
             except LaunchConfigError as exc:
