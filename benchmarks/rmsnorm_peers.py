@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import platform
@@ -243,7 +244,23 @@ def load_module(args: argparse.Namespace) -> Any | None:
 
 
 def import_dispatch(path: str | Path) -> Any:
-    """The dispatch module at ``path`` (written by :func:`evo.export.export_module`), imported."""
+    """The dispatch module at ``path`` (written by :func:`evo.export.export_module`), imported.
+
+    A path ending in ``.xz`` is read through :mod:`lzma` (how ``benchmarks/results`` keeps the
+    modules its tables were timed with), so such a table can be re-timed without unpacking.
+    """
+    path = Path(path)
+    if path.suffix == ".xz":
+        import lzma
+
+        if not path.is_file():
+            raise FileNotFoundError(f"no dispatch module at {path}")
+        spec = importlib.machinery.ModuleSpec("evo_rmsnorm_dispatch", None, origin=str(path))
+        mod = importlib.util.module_from_spec(spec)
+        mod.__file__ = str(path)
+        sys.modules[spec.name] = mod
+        exec(compile(lzma.decompress(path.read_bytes()).decode("utf-8"), str(path), "exec"), mod.__dict__)
+        return mod
     spec = importlib.util.spec_from_file_location("evo_rmsnorm_dispatch", path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
@@ -476,7 +493,7 @@ def copy_ceiling_tbs() -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="RMSNorm forward peers benchmark (H100/H200)")
-    ap.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py")
+    ap.add_argument("--module", help="dispatch module exported by examples/rmsnorm_h100.py (or its .xz)")
     ap.add_argument("--archive", help="archive to export the best genomes from (if no --module)")
     ap.add_argument("--shapes", default="all", help="'all' or a comma list of N values")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rmsnorm_peers.md"))

@@ -113,6 +113,30 @@ def test_import_dispatch_loads_the_module_at_a_path(tmp_path: Path) -> None:
     assert mod.select({"M": 1, "N": 8}, "float32") == {"case": "M=1,N=8:float32"}
 
 
+def test_import_dispatch_reads_an_xz_packed_module(tmp_path: Path) -> None:
+    import lzma
+
+    text = "GENOMES = [{'case': 'M=2,N=16:bfloat16'}]\n\ndef select(shape, dtype):\n    return GENOMES[0]\n"
+    packed = tmp_path / "run.dispatch.py.xz"
+    packed.write_bytes(lzma.compress(text.encode()))
+    mod = rmsnorm_peers.import_dispatch(packed)
+    assert mod.select({"M": 2, "N": 16}, "bfloat16") == {"case": "M=2,N=16:bfloat16"}
+    assert mod.__file__ == str(packed)
+    with pytest.raises(FileNotFoundError, match="no dispatch module"):
+        rmsnorm_peers.import_dispatch(tmp_path / "missing.dispatch.py.xz")
+
+
+def test_the_kept_run25_module_loads_and_selects_every_case() -> None:
+    """The module of the twentieth session's peer table (benchmarks/results) still imports and
+    dispatches each of the 33 cases to the genome the table says (no GPU needed to select)."""
+    path = Path(rmsnorm_peers.ROOT) / "benchmarks" / "results" / "rmsnorm-run25-h100.dispatch.py.xz"
+    mod = rmsnorm_peers.import_dispatch(path)
+    assert len(mod.GENOMES) == 33
+    for m, n in rmsnorm_peers.SHAPES:
+        for dtype in rmsnorm_peers.DTYPES:
+            assert mod.select({"M": m, "N": n}, dtype)["case"] == f"M={m},N={n}:{dtype}"
+
+
 @pytest.mark.gpu
 def test_torch_compile_providers_weight_dtypes() -> None:
     """torch.compile gets the weights cast to the input's dtype (as users run it) and, as
