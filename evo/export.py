@@ -3,9 +3,16 @@
 :func:`best_per_case` picks, for every timed case, the OK record with the lowest measured
 time (``evaluation.metrics["cases"][case_key]["time_ms"]``). :func:`export_module` writes a
 Python module that embeds those genomes and, at run time, picks the genome whose shape is
-nearest (in log space) to the call's shape for the same dtype, compiles it once with cupy
-(the params as ``-D`` defines) and launches it with the grid the Problem's own ``launch``
-function computes (imported by name, so the Problem's module must be importable).
+nearest (in log space) to the call's shape for the same dtype and launches it with the grid
+the Problem's own ``launch`` function computes (imported by name, so the Problem's module
+must be importable).
+
+The module runs what the gate checked and timed: at export time each genome is compiled as
+the gate compiles (nvcc by default, the Problem's target and options, the params as ``-D``
+defines) and the cubin is embedded. Where the GPU at hand cannot load it (another
+architecture), or when exported with ``binaries=False``, the module compiles the source with
+cupy's NVRTC for that GPU instead. NVRTC through cupy is not the same build: it targets the
+plain architecture (``sm_90``, not ``sm_90a``) and forces ``-ftz=true``.
 
 The generated module needs cupy only when a kernel is launched; selecting a genome and
 computing a launch work without a GPU.
@@ -13,8 +20,12 @@ computing a launch work without a GPU.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import math
+import re
+import zlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -74,6 +85,9 @@ _TEMPLATE = '''\
 
 Genomes: {count} (one per exported case). Call ``run(*buffers, shape=..., dtype=...)``
 with cupy arrays in the kernel's buffer order; ``select`` and ``launch_config`` need no GPU.
+Each genome runs as the cubin built at export time the way the gate built the binary it
+checked and timed ({build}), where the GPU loads it; otherwise its source is compiled
+with NVRTC for the GPU at hand. ``origin(shape, dtype)`` says which.
 Workspace buffers of the signature may be left out of ``buffers``: the module then passes
 its own, one per device and buffer, zeroed once (the kernels return them zeroed; made on the
 first call, so that later calls can be recorded in a CUDA graph). Calls running at the same
@@ -83,16 +97,26 @@ time on several streams of one device need their own workspaces: pass them.
 from __future__ import annotations
 
 import importlib
+import base64
+import hashlib
 import json
 import math
+import re
+import zlib
 
 PROBLEM = {problem!r}
 _DATA = json.loads({data!r})
 GENOMES = _DATA["genomes"]
+for _g in GENOMES:  # each distinct source is stored once
+    _g["source"] = _DATA["sources"][_g.pop("source_key")] if "source_key" in _g else _g["source"]
 _FUNCS = _DATA["funcs"]
 _CTYPES = {{"int32": "int32", "int64": "int64", "uint32": "uint32", "float32": "float32"}}
+BUILD = _DATA.get("build", "")  # how the embedded cubins were built
+_BINARIES = _DATA.get("binaries", {{}})  # binary key -> base64 of the zlib-packed cubin
 _cache = {{}}
-_dyn = {{}}  # dynamic shared memory limit set per case's kernel
+_modules = {{}}
+_origin = {{}}
+_dyn = {{}}  # dynamic shared memory limit set per kernel
 _fits = {{}}  # resident launches: CTAs that fit at once, per device, case and launch shape
 _ws = {{}}  # (device, name, bytes) -> zeroed workspace
 
@@ -128,14 +152,50 @@ def launch_config(shape, dtype, device=None):
     return _func("launch")(g["params"], _case(shape, dtype), device)
 
 
+def _compile_nvrtc(g):
+    import cupy
+    if g.get("language", "cuda") == "ptx":  # the driver assembles PTX for this GPU
+        mod = cupy.cuda.function.Module()
+        mod.load(g["source"].encode())
+        return mod, mod.get_function(g["entry"])
+    opts = tuple(g["defines"]) + tuple(g.get("options", ())) + ("--std=c++17",)
+    mod = cupy.RawModule(code=g["source"], options=opts)
+    return mod, mod.get_function(g["entry"]).kernel
+
+
 def _kernel(g):
-    key = g["case"]
+    """The selected genome's kernel (a cupy Function), built once per binary.
+
+    The cubin the export built as the gate builds kernels (``BUILD``), where this GPU loads
+    it; otherwise the source compiled here with NVRTC for this GPU (see :func:`origin`).
+    """
+    key = g.get("binary") or g["case"]
     if key not in _cache:
         import cupy
-        opts = tuple(g["defines"]) + ("--std=c++17",)
-        mod = cupy.RawModule(code=g["source"], options=opts)
-        _cache[key] = mod.get_function(g["entry"])
+        fn = None
+        blob = _BINARIES.get(g.get("binary"))
+        if blob is not None:
+            import base64
+            import zlib
+            mod = cupy.cuda.function.Module()
+            try:
+                mod.load(zlib.decompress(base64.b64decode(blob)))
+                fn = mod.get_function(g["entry"])
+                _origin[key] = "cubin: " + BUILD
+            except cupy.cuda.driver.CUDADriverError as e:  # e.g. a cubin for another GPU
+                _origin[key] = f"nvrtc for this GPU (the exported cubin did not load: {{e}})"
+        if fn is None:
+            mod, fn = _compile_nvrtc(g)
+            _origin.setdefault(key, "nvrtc for this GPU (no exported cubin)")
+        _modules[key] = mod  # the module must outlive its function
+        _cache[key] = fn
     return _cache[key]
+
+
+def origin(shape, dtype):
+    """How the kernel selected for ``shape`` and ``dtype`` was built, or ``None`` before its first run."""
+    g = select(shape, dtype)
+    return _origin.get(g.get("binary") or g["case"])
 
 
 def _with_workspaces(buffers, case):
@@ -174,16 +234,17 @@ def run(*buffers, shape, dtype, device=None, stream=None):
     launch = _func("launch")(g["params"], case, device)
     scalars = [getattr(np, _CTYPES[t])(v) for t, v in (_func("scalars")(case) if "scalars" in _FUNCS else [])]
     kern = _kernel(g)
-    if launch.shared_mem > _dyn.get(g["case"], 0):  # 48 KB in all by default, static arrays included
-        kern.max_dynamic_shared_size_bytes = launch.shared_mem
-        _dyn[g["case"]] = launch.shared_mem
-    fptr = kern.kernel.ptr if hasattr(kern, "kernel") else kern.ptr  # RawKernel wraps a Function
+    fptr = kern.kernel.ptr if hasattr(kern, "kernel") else kern.ptr  # a RawKernel wraps a Function
+    kkey = g.get("binary") or g["case"]
+    if launch.shared_mem > _dyn.get(kkey, 0):  # 48 KB in all by default, static arrays included
+        cupy.cuda.driver.funcSetAttribute(fptr, 8, launch.shared_mem)  # MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _dyn[kkey] = launch.shared_mem
     if launch.cluster is not None and launch.cluster[0] * launch.cluster[1] * launch.cluster[2] > 8:
         cupy.cuda.driver.funcSetAttribute(fptr, 14, 1)  # NON_PORTABLE_CLUSTER_SIZE_ALLOWED
     if getattr(launch, "resident", False):  # a persistent grid: no more CTAs than fit at once
         from fitness import fit_resident, resident_blocks
         dev = cupy.cuda.runtime.getDevice()
-        key = (dev, g["case"], launch.block, launch.shared_mem, launch.cluster)
+        key = (dev, kkey, launch.block, launch.shared_mem, launch.cluster)
         if key not in _fits:
             sms = cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"]
             try:
@@ -191,12 +252,48 @@ def run(*buffers, shape, dtype, device=None, stream=None):
             except (OSError, AttributeError):  # no driver library or symbol: the grid stays (an upper bound)
                 _fits[key] = None
         launch = fit_resident(launch, _fits[key])
-    with stream:
-        kern(launch.grid, launch.block, tuple(buffers) + tuple(scalars), shared_mem=launch.shared_mem)
+    kern(launch.grid, launch.block, tuple(buffers) + tuple(scalars), shared_mem=launch.shared_mem, stream=stream)
 '''
 
 
-def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code: str = "") -> Path:
+def _build_line(backend: str, target: str) -> str:
+    from fitness import toolkit_version
+
+    text = toolkit_version(backend)
+    m = re.search(r"release ([0-9.]+), (V[0-9.]+)", text)
+    version = f"{m.group(1)} ({m.group(2)})" if m else (text.strip().splitlines() or ["?"])[-1]
+    return f"{backend} {version}, {target}"
+
+
+def _binaries(genomes: list[dict[str, Any]], problem: Problem, backend: str,
+              use_cache: bool) -> tuple[dict[str, str], str]:
+    """Compile each distinct (source, defines) once as the gate does; key -> base64 of the zlib-packed cubin."""
+    from fitness import CompileCache, compile_source
+
+    cache = CompileCache() if use_cache else None
+    out: dict[str, str] = {}
+    for g in genomes:
+        ident = json.dumps([g["source"], g["entry"], g["defines"], list(problem.compile_options), problem.target,
+                            backend, g["language"]])
+        key = hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+        g["binary"] = key
+        if key in out:
+            continue
+        try:
+            r = compile_source(g["source"], entry=g["entry"], language=g["language"], defines=g["defines"],
+                               options=problem.compile_options, target=problem.target, backend=backend, cache=cache)
+        except (OSError, RuntimeError) as e:  # no compiler on this machine
+            raise ExportError(f"cannot build the cubins with {backend} ({e}); install the CUDA toolkit, or "
+                              "export with binaries=False (the module then compiles with NVRTC where it runs)") from e
+        if not r.ok:
+            raise ExportError(f"genome {g['id'][:12]} (case {g['case']}) does not compile with {backend} for "
+                              f"{problem.target}: {r.reason}; export with binaries=False to skip the cubins")
+        out[key] = base64.b64encode(zlib.compress(r.cubin, 9)).decode("ascii")
+    return out, _build_line(backend, problem.target)
+
+
+def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code: str = "",
+                  binaries: bool = True, backend: str = "nvcc", use_cache: bool = True) -> Path:
     """Write a dispatch module holding the best genome per timed case.
 
     Args:
@@ -205,13 +302,19 @@ def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code
             ``scalars`` are referenced by module and name).
         path: The ``.py`` file to write (parent directories are created).
         extra_code: Python appended to the module (e.g. a framework wrapper).
+        binaries: Embed each genome's cubin, built now as the gate builds the binary it
+            checks and times (``backend``, the Problem's target and compile options), so the
+            module runs that binary. Without them it compiles the sources with NVRTC for the
+            GPU it runs on (cupy's options, e.g. ``-ftz=true``), which can be slower.
+        backend: The gate's compile backend, ``"nvcc"`` (the Evaluator's default) or ``"nvrtc"``.
+        use_cache: Look the cubins up in (and add them to) the compile cache the Evaluator uses.
 
     Returns:
         The written path.
 
     Raises:
-        ExportError: No OK record has a timed case, or the Problem's callables are not
-            importable by name.
+        ExportError: No OK record has a timed case, the Problem's callables are not
+            importable by name, or (``binaries``) a genome does not compile here.
     """
     best = best_per_case(source, problem)
     if not best:
@@ -229,10 +332,23 @@ def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code
         genomes.append({
             "case": key, "shape": dict(case.shape), "dtype": case.dtype, "id": rec.genome.id,
             "source": rec.genome.source, "params": dict(rec.genome.params), "entry": rec.genome.entry,
-            "defines": rec.genome.defines(), "time_ms": m.get("time_ms"), "fraction": m.get("fraction"),
+            "language": rec.genome.language, "defines": rec.genome.defines(),
+            "options": list(problem.compile_options), "time_ms": m.get("time_ms"), "fraction": m.get("fraction"),
         })
-    data = json.dumps({"genomes": genomes, "funcs": funcs}, sort_keys=True)
-    text = _TEMPLATE.format(name=problem.name, count=len(genomes), problem=problem.name, data=data)
+    build = "none: the sources are compiled with NVRTC where the module runs"
+    binary: dict[str, str] = {}
+    if binaries:
+        binary, build = _binaries(genomes, problem, backend, use_cache)
+    sources: dict[str, str] = {}
+    for g in genomes:  # searched genomes mostly share one source: keep each once
+        text = g.pop("source")
+        g["source_key"] = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+        sources[g["source_key"]] = text
+    payload: dict[str, Any] = {"genomes": genomes, "funcs": funcs, "sources": sources}
+    if binaries:
+        payload["binaries"], payload["build"] = binary, build
+    data = json.dumps(payload, sort_keys=True)
+    text = _TEMPLATE.format(name=problem.name, count=len(genomes), problem=problem.name, data=data, build=build)
     if extra_code:
         text += "\n\n" + extra_code.strip() + "\n"
     out = Path(path)

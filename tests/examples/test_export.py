@@ -36,6 +36,8 @@ def test_export_dispatches_on_n(tmp_path: Path) -> None:
     try:
         spec.loader.exec_module(mod)
         assert mod.EXTRA == 42 and len(mod.GENOMES) == 2
+        assert len(mod._DATA["sources"]) == 1  # the two genomes share their source: kept once
+        assert all(g["source"] == prob.seeds[0].source for g in mod.GENOMES)
         assert mod.select({"M": 10, "N": 300}, "bfloat16")["id"] == small.id
         assert mod.select({"M": 10, "N": 40000}, "bfloat16")["id"] == large.id
         L = mod.launch_config({"M": 10, "N": 300}, "bfloat16")
@@ -69,3 +71,84 @@ def test_export_names_the_signature_only_when_a_workspace_needs_it(tmp_path: Pat
         if want:
             assert data["funcs"]["signature"] == ["examples.rmsnorm_problem", "bwd_signature"]
         assert "def _with_workspaces" in text
+
+
+def _load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _code(elf: bytes) -> dict[str, bytes]:
+    """The code sections (``.text.*``) of a 64-bit little-endian ELF cubin, by name."""
+    import struct
+
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    heads = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize) for i in range(shnum)]
+    strtab = heads[shstrndx]
+    out = {}
+    for name, _type, _flags, _addr, off, size, *_ in heads:
+        label = elf[strtab[4] + name:elf.index(b"\0", strtab[4] + name)].decode()
+        if label.startswith(".text."):
+            out[label] = elf[off:off + size]
+    return out
+
+
+def test_export_embeds_the_cubin_the_gate_builds(tmp_path: Path) -> None:
+    """Each distinct (source, defines) is compiled once with nvcc for the Problem's target, as
+    the gate compiles it; the module carries the same bytes and says how they were built."""
+    import base64
+    import zlib
+
+    from fitness import compile_genome
+
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}, {"M": 64, "N": 65536}], dtypes=["bfloat16", "float32"])
+    recs = [_rec(prob, {"MAX_VECS": 1}, {"M=64,N=256:bfloat16": 0.01, "M=64,N=65536:bfloat16": 0.9,
+                                          "M=64,N=256:float32": 0.01}),
+            _rec(prob, {"MAX_VECS": 2}, {"M=64,N=65536:bfloat16": 0.5})]
+    mod = _load(export_module(recs, prob, tmp_path / "d.py", use_cache=False), "d_bin")
+    assert len(mod.GENOMES) == 3
+    keys = {g["case"]: g["binary"] for g in mod.GENOMES}
+    # the dtype is a run-time argument of this family: one binary serves a genome's dtypes
+    assert keys["M=64,N=256:bfloat16"] == keys["M=64,N=256:float32"] != keys["M=64,N=65536:bfloat16"]
+    assert set(mod._BINARIES) == set(keys.values())
+    assert mod.BUILD.startswith("nvcc 13.") and mod.BUILD.endswith(", sm_90a"), mod.BUILD
+    g = mod.select({"M": 64, "N": 256}, "float32")
+    cubin = zlib.decompress(base64.b64decode(mod._BINARIES[g["binary"]]))
+    assert cubin[:4] == b"\x7fELF"
+    genome = next(r.genome for r in recs if r.genome.id == g["id"])
+    gate = compile_genome(genome, prob).cubin  # its line info names another temporary folder
+    assert _code(cubin) == _code(gate) and _code(cubin)[".text." + g["entry"]]
+    assert mod.origin({"M": 64, "N": 256}, "float32") is None  # nothing loaded yet
+    assert "cubin built at export time" in mod.__doc__ and mod.BUILD in mod.__doc__
+
+
+def test_export_without_binaries_compiles_where_it_runs(tmp_path: Path) -> None:
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}], dtypes=["float32"])
+    mod = _load(export_module([_rec(prob, {}, {"M=64,N=256:float32": 0.1})], prob, tmp_path / "d.py",
+                              binaries=False), "d_src")
+    assert mod._BINARIES == {} and "binary" not in mod.GENOMES[0]
+    assert "NVRTC where the module runs" in mod.__doc__
+
+
+def test_export_names_the_genome_that_does_not_compile(tmp_path: Path) -> None:
+    """A record whose source no longer compiles here stops the export before any file is written."""
+    from evo.types import Genome
+
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}], dtypes=["float32"])
+    bad = Genome("extern \"C\" __global__ void rmsnorm_fwd( { this is not C++ }", dict(prob.seeds[0].params),
+                 entry=prob.seeds[0].entry)
+    rec = Record(bad, Evaluation(Status.OK, fitness=1.0, metrics={"cases": {"M=64,N=256:float32": {"time_ms": 0.1}}}))
+    out = tmp_path / "d.py"
+    with pytest.raises(ExportError, match=r"does not compile with nvcc for sm_90a: .*binaries=False"):
+        export_module([rec], prob, out, use_cache=False)
+    assert not out.exists()
+
+
+def test_export_without_a_compiler_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}], dtypes=["float32"])
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc here
+    with pytest.raises(ExportError, match="install the CUDA toolkit, or export with binaries=False"):
+        export_module([_rec(prob, {}, {"M=64,N=256:float32": 0.1})], prob, tmp_path / "d.py", use_cache=False)

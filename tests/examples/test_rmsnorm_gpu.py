@@ -513,3 +513,57 @@ def test_forward_resident_grid_in_the_dispatch(cuda_device, tmp_path) -> None:
         cp.cuda.runtime.deviceSynchronize()
         assert float(cp.linalg.norm(y - want) / cp.linalg.norm(want)) < prob.tolerances["float32"]
     assert len(mod._fits) == 1 and all(v is not None and v > 0 and v % 16 == 0 for v in mod._fits.values()), mod._fits
+
+
+def test_dispatch_runs_the_exported_cubin_else_nvrtc(cuda_device, tmp_path) -> None:
+    """The module runs the cubin built at export time; without one, or with one this GPU does
+    not load, it compiles the source with NVRTC; y is right every way, on two dtypes."""
+    import base64
+    import importlib.util
+    import zlib
+
+    import cupy as cp
+
+    from evo.export import export_module
+    from evo.types import Evaluation, Record, Status
+
+    shape = {"M": 37, "N": 4100}
+    prob = make_forward_problem(timed=[shape], dtypes=["float32", "bfloat16"])
+    g = prob.seeds[0]
+    metrics = {"cases": {f"M=37,N=4100:{dt}": {"time_ms": 1.0} for dt in ("float32", "bfloat16")}}
+    rec = Record(g, Evaluation(Status.OK, fitness=1.0, metrics=metrics))
+
+    def load(name: str, **kw: Any) -> Any:
+        path = export_module([rec], prob, tmp_path / f"{name}.py", **kw)
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    def check(mod: Any, dtype: str) -> None:
+        case = Case(shape, dtype)
+        raw = prob.make_inputs(case, np.random.default_rng(7), cp)
+        x, w = _store(cp, raw["x"], dtype), _store(cp, raw["w"], "float32")
+        want = cp.asarray(prob.reference({"x": _load(cp, x, dtype), "w": w}, case, cp)["y"], dtype=cp.float32)
+        y = _store(cp, cp.full(x.size, cp.nan, dtype=cp.float32), dtype)
+        mod.run(x, w, y, shape=shape, dtype=dtype)
+        cp.cuda.runtime.deviceSynchronize()
+        got = _load(cp, y, dtype)
+        assert bool(cp.isfinite(got).all())
+        assert float(cp.linalg.norm(got - want) / cp.linalg.norm(want)) < prob.tolerances[dtype]
+
+    built = load("d_cubin")
+    for dtype in ("float32", "bfloat16"):
+        check(built, dtype)
+        assert built.origin(shape, dtype).startswith("cubin: nvcc 13."), built.origin(shape, dtype)
+    assert len(built._cache) == 1  # one binary serves both dtypes
+
+    plain = load("d_src", binaries=False)
+    check(plain, "float32")
+    assert plain.origin(shape, "float32") == "nvrtc for this GPU (no exported cubin)"
+
+    broken = load("d_broken")
+    key = broken.GENOMES[0]["binary"]
+    broken._BINARIES[key] = base64.b64encode(zlib.compress(b"\x7fELF not a cubin")).decode()
+    check(broken, "bfloat16")
+    assert broken.origin(shape, "bfloat16").startswith("nvrtc for this GPU (the exported cubin did not load")
