@@ -17,6 +17,10 @@ L2-cold rotated input sets), as:
 ``module`` again (``module-2``)
     so that order effects show.
 
+``--rebuild OUT.py`` writes the module's genomes exported again with this checkout's
+:func:`evo.export.export_module` (cubins built as the gate builds them), so a table timed
+with an older module can be re-timed as today's export would run it.
+
     python benchmarks/rmsnorm_export_check.py --module benchmarks/results/rmsnorm-run25-h100.dispatch.py.xz \\
         --cases float16:16384x131072,float32:32768x256 --out $OUT/export_check.md
 """
@@ -88,8 +92,9 @@ class _Loaded:
 NAMES = ("module", "module-cupy", "nvcc", "nvrtc", "module-2")
 
 
-def time_case(module: Any, dtype: str, m: int, n: int, *, target: str, rounds: int) -> list[str]:
-    """Table rows (one per variant) for one case."""
+def time_case(module: Any, dtype: str, m: int, n: int, *, target: str, rounds: int,
+              names: tuple[str, ...] = NAMES) -> list[str]:
+    """Table rows (one per variant in ``names``) for one case."""
     import cupy
     import torch
 
@@ -111,7 +116,7 @@ def time_case(module: Any, dtype: str, m: int, n: int, *, target: str, rounds: i
     cxs = [cupy.array(cupy.asarray(x), copy=True) for x in xs]  # cupy-allocated copies
     cys = [cupy.empty_like(x) for x in cxs]
     cw = cupy.asarray(w)
-    kernels = {"nvcc": gate_kernel(g, "nvcc", target), "nvrtc": gate_kernel(g, "nvrtc", target)}
+    kernels = {b: gate_kernel(g, b, target) for b in ("nvcc", "nvrtc") if b in names}
     own = module._kernel
 
     def with_kernel(kern: Any | None, x: Any, y: Any) -> Callable[[], None]:
@@ -129,10 +134,10 @@ def time_case(module: Any, dtype: str, m: int, n: int, *, target: str, rounds: i
             return [evo_call(x, w) for x in xs]
         return [with_kernel(kernels[name], cupy.asarray(x), cupy.asarray(y)) for x, y in zip(xs, ys, strict=True)]
 
-    res: dict[str, list[str]] = {k: [] for k in NAMES}
+    res: dict[str, list[str]] = {k: [] for k in names}
     ref = torch.nn.functional.rms_norm(xs[0].float(), (n,), w, eps=1e-6)
     for r in range(rounds):
-        order = NAMES[r % len(NAMES):] + NAMES[:r % len(NAMES)]
+        order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             calls = variant(name)
             try:
@@ -149,32 +154,57 @@ def time_case(module: Any, dtype: str, m: int, n: int, *, target: str, rounds: i
             finally:
                 module._kernel = own
                 module._dyn.clear()
-    return [f"| {dtype} {m}x{n} | {g['id'][:8]} | {name} | " + " | ".join(res[name]) + " |" for name in NAMES]
+    return [f"| {dtype} {m}x{n} | {g['id'][:8]} | {name} | " + " | ".join(res[name]) + " |" for name in names]
+
+
+def rebuild(module: Any, path: Path) -> Path:
+    """Export ``module``'s genomes again with this checkout's exporter (forward RMSNorm Problem)."""
+    from evo.export import export_module
+    from evo.types import Evaluation, Genome, Record, Status
+    from examples.rmsnorm_problem import make_forward_problem
+
+    recs = []
+    for g in module.GENOMES:
+        genome = Genome(g["source"], dict(g["params"]), entry=g["entry"], language=g.get("language", "cuda"))
+        if genome.id != g["id"]:
+            raise SystemExit(f"--rebuild: genome of {g['case']} has id {genome.id[:12]}, the module says {g['id'][:12]}")
+        m = {"time_ms": g["time_ms"], "fraction": g.get("fraction")}
+        recs.append(Record(genome, Evaluation(Status.OK, fitness=1.0, metrics={"cases": {g["case"]: m}})))
+    return export_module(recs, make_forward_problem(), path)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--module", required=True, help="dispatch module (or its .xz)")
-    ap.add_argument("--cases", required=True, help="comma list of DTYPE:MxN")
+    ap.add_argument("--cases", default="all", help="comma list of DTYPE:MxN, or 'all' (the module's cases)")
+    ap.add_argument("--rebuild", type=Path, help="write the module's genomes exported again to this .py and stop")
     ap.add_argument("--target", default="sm_90a", help="the gate's target (the Problem's)")
+    ap.add_argument("--variants", default=",".join(NAMES), help=f"comma list of {', '.join(NAMES)}")
     ap.add_argument("--rounds", type=int, default=2, help="times each variant is timed, in rotating order")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
-
-    import cupy
-    import torch
-
+    names = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    if not names or set(names) - set(NAMES):
+        raise SystemExit(f"--variants: choose from {', '.join(NAMES)} (got {args.variants!r})")
     from benchmarks.rmsnorm_peers import import_dispatch
 
     module = import_dispatch(args.module)
+    if args.rebuild is not None:
+        print(f"rebuilt {len(module.GENOMES)} genomes into {rebuild(module, args.rebuild)}")
+        return 0
+    import cupy
+    import torch
+
     props = torch.cuda.get_device_properties(0)
     lines = [f"# export check: {Path(args.module).name} on {props.name}", "",
              "ms per call (spread) by variant; rounds in rotating order.", "",
              "| case | genome | variant | " + " | ".join(f"round {i + 1}" for i in range(args.rounds)) + " |",
              "|---|---|---|" + "---|" * args.rounds]
     print("\n".join(lines), flush=True)
-    for dtype, m, n in parse_cases(args.cases):
-        rows = time_case(module, dtype, m, n, target=args.target, rounds=args.rounds)
+    cases = parse_cases(args.cases) if args.cases != "all" else [
+        (g["dtype"], g["shape"]["M"], g["shape"]["N"]) for g in module.GENOMES]
+    for dtype, m, n in cases:
+        rows = time_case(module, dtype, m, n, target=args.target, rounds=args.rounds, names=names)
         lines += rows
         print("\n".join(rows), flush=True)
         cupy.get_default_memory_pool().free_all_blocks()
