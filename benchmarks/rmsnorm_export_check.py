@@ -28,6 +28,7 @@ with an older module can be re-timed as today's export would run it.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -116,35 +117,46 @@ def time_case(module: Any, dtype: str, m: int, n: int, *, target: str, rounds: i
     cxs = [cupy.array(cupy.asarray(x), copy=True) for x in xs]  # cupy-allocated copies
     cys = [cupy.empty_like(x) for x in cxs]
     cw = cupy.asarray(w)
-    kernels = {b: gate_kernel(g, b, target) for b in ("nvcc", "nvrtc") if b in names}
+    kernels: dict[str, Any] = {}
+    for b in ("nvcc", "nvrtc"):
+        if b in names:
+            try:
+                kernels[b] = gate_kernel(g, b, target)
+            except RuntimeError as e:  # shown in the table, the other variants still timed
+                kernels[b] = None
+                print(f"{b} build of {g['id'][:8]} failed: {str(e)[:300]}", file=sys.stderr)
     own = module._kernel
 
-    def with_kernel(kern: Any | None, x: Any, y: Any) -> Callable[[], None]:
+    def with_module(x: Any, y: Any) -> Callable[[], None]:
         def call() -> None:
-            module._kernel = (lambda _g: kern) if kern is not None else own
-            module._dyn.clear()  # the new function needs its own shared-memory opt-in
             with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
                 module.run(x, cw, y, shape=shape, dtype=dtype)
         return call
 
     def variant(name: str) -> list[Callable[[], None]]:
+        """The variant's calls; the module's kernel is swapped for the variant's build until restored."""
+        kern = kernels.get(name)
+        module._kernel = (lambda _g: kern) if kern is not None else own
+        module._dyn.clear()  # a new function needs its own shared-memory opt-in
         if name == "module-cupy":
-            return [with_kernel(None, x, y) for x, y in zip(cxs, cys, strict=True)]
+            return [with_module(x, y) for x, y in zip(cxs, cys, strict=True)]
         if name.startswith("module"):
             return [evo_call(x, w) for x in xs]
-        return [with_kernel(kernels[name], cupy.asarray(x), cupy.asarray(y)) for x, y in zip(xs, ys, strict=True)]
+        return [with_module(cupy.asarray(x), cupy.asarray(y)) for x, y in zip(xs, ys, strict=True)]
 
     res: dict[str, list[str]] = {k: [] for k in names}
-    ref = torch.nn.functional.rms_norm(xs[0].float(), (n,), w, eps=1e-6)
+    ref = torch.nn.functional.rms_norm(xs[0][:64].float(), (n,), w, eps=1e-6)  # rows enough to check a build
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
-            calls = variant(name)
             try:
+                if name in kernels and kernels[name] is None:
+                    raise RuntimeError(f"the {name} build failed")
+                calls = variant(name)
                 calls[0]()
                 torch.cuda.synchronize()
                 if name in kernels:
-                    err = float((ys[0].float() - ref).abs().max())
+                    err = float((ys[0][:64].float() - ref).abs().max())
                     if err > 0.05 * float(ref.abs().max()):
                         raise RuntimeError(f"wrong result (max abs error {err:.3g})")
                 t = time_calls(calls)
@@ -207,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = time_case(module, dtype, m, n, target=args.target, rounds=args.rounds, names=names)
         lines += rows
         print("\n".join(rows), flush=True)
+        gc.collect()  # the case's buffers and modules, before the next case allocates (and captures)
         cupy.get_default_memory_pool().free_all_blocks()
         torch.cuda.empty_cache()
     if args.out is not None:
