@@ -94,7 +94,7 @@ NAMES = ("module", "module-cupy", "nvcc", "nvrtc", "module-2")
 
 
 def time_case(module: Any, dtype: str, m: int, n: int, *, target: str, rounds: int,
-              names: tuple[str, ...] = NAMES) -> list[str]:
+              names: tuple[str, ...] = NAMES, warmup_ms: float = 10.0) -> list[str]:
     """Table rows (one per variant in ``names``) for one case."""
     import cupy
     import torch
@@ -159,7 +159,7 @@ def time_case(module: Any, dtype: str, m: int, n: int, *, target: str, rounds: i
                     err = float((ys[0][:64].float() - ref).abs().max())
                     if err > 0.05 * float(ref.abs().max()):
                         raise RuntimeError(f"wrong result (max abs error {err:.3g})")
-                t = time_calls(calls)
+                t = time_calls(calls, warmup_ms=warmup_ms)
                 res[name].append(f"{t.time_ms:.4f} (±{100 * t.spread:.1f}%)")
             except Exception as e:  # noqa: BLE001 - shown in the table
                 res[name].append(f"FAILED {type(e).__name__}: {str(e)[:80]}")
@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rebuild", type=Path, help="write the module's genomes exported again to this .py and stop")
     ap.add_argument("--target", default="sm_90a", help="the gate's target (the Problem's)")
     ap.add_argument("--variants", default=",".join(NAMES), help=f"comma list of {', '.join(NAMES)}")
+    ap.add_argument("--warmup-ms", type=float, default=10.0, help="warm-up before each variant's timing (ms)")
     ap.add_argument("--rounds", type=int, default=2, help="times each variant is timed, in rotating order")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -216,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     cases = parse_cases(args.cases) if args.cases != "all" else [
         (g["dtype"], g["shape"]["M"], g["shape"]["N"]) for g in module.GENOMES]
     for dtype, m, n in cases:
-        rows = time_case(module, dtype, m, n, target=args.target, rounds=args.rounds, names=names)
+        rows = time_case(module, dtype, m, n, target=args.target, rounds=args.rounds, names=names,
+                         warmup_ms=args.warmup_ms)
         lines += rows
         print("\n".join(rows), flush=True)
         gc.collect()  # the case's buffers and modules, before the next case allocates (and captures)

@@ -72,15 +72,24 @@ DTYPES = ("bfloat16", "float16", "float32")
 EPS = 1e-6
 
 
-def bench(make_call: Callable[[Any, Any], Callable[[], Any]], xs: list[Any], w: Any) -> tuple[float, float]:
+WARMUP_MS = 300.0
+"""Warm-up before each provider's timed batches. The fitness default (10 ms) suits the
+Evaluator, whose GPU never idles between genomes; here a provider often starts after the
+GPU idled (inputs being made, torch.compile or QuACK compiling), and on the H100 the first
+~100 ms of work after such a pause ran 2.5-3% slower (twenty-first session)."""
+
+
+def bench(make_call: Callable[[Any, Any], Callable[[], Any]], xs: list[Any], w: Any,
+          warmup_ms: float = WARMUP_MS) -> tuple[float, float]:
     """(median ms per call, relative spread) with the fitness Timing stage's method.
 
     One call per input set (the sets together exceed 3x L2), CUDA-graph batches of at
-    least 2 ms where the calls can be captured; see :func:`fitness.time_calls`.
+    least 2 ms where the calls can be captured, after ``warmup_ms`` of warm-up; see
+    :func:`fitness.time_calls`.
     """
     from fitness import time_calls
 
-    res = time_calls([make_call(x, w) for x in xs])
+    res = time_calls([make_call(x, w) for x in xs], warmup_ms=warmup_ms)
     return res.time_ms, res.spread
 
 
@@ -506,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                     "stop before timing if one did not (default: a peer that fails is shown as FAILED)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in --out (same providers) and time only the missing cases")
+    ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS,
+                    help="warm-up of each provider on each case before its timed batches (ms)")
     ap.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="start no new case after S seconds; the summary covers the rows written")
     args = ap.parse_args(argv)
@@ -540,7 +551,8 @@ def main(argv: list[str] | None = None) -> int:
              f"Machine: {props.name}, {props.multi_processor_count} SMs, L2 {l2 >> 20} MiB; host "
              f"{platform.node()}; torch {torch.__version__}; python {platform.python_version()}.",
              f"Copy ceiling (D2D, same method): {copy_tbs:.3f} TB/s. Cells: ms / TB/s / % of copy "
-             "(spread); median over CUDA-graph batches of L2-cold rotated calls (fitness.time_calls). "
+             f"(spread); median over CUDA-graph batches of L2-cold rotated calls (fitness.time_calls) after {args.warmup_ms:g} "
+             "ms of warm-up. "
              + ("Bytes: 3*M*N*elem + 4*M + 8*N." if args.backward else "Bytes: 2*M*N*elem + 4*N.")
              + (f" Not timed in this run (--skip): {', '.join(skipped)}." if skipped else ""), ""]
     names = list(provs)
@@ -580,10 +592,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             try:
                 if args.backward:
-                    res = time_calls([provs[name](x, w, dy, r) for x, dy, r in zip(xs, dys, rstds, strict=True)])
+                    res = time_calls([provs[name](x, w, dy, r) for x, dy, r in zip(xs, dys, rstds, strict=True)],
+                                     warmup_ms=args.warmup_ms)
                     ms, spread = res.time_ms, res.spread
                 else:
-                    ms, spread = bench(provs[name], xs, w)
+                    ms, spread = bench(provs[name], xs, w, args.warmup_ms)
                 tbs = nbytes / (ms * 1e-3) / 1e12
                 times[(dtype, n, name)] = ms
                 cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
