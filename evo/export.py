@@ -23,16 +23,22 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
 import math
+import os
 import re
+import time
 import zlib
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from evo.types import Case, Problem, Record, Status
 
 __all__ = ["ExportError", "best_per_case", "export_module"]
+
+log = logging.getLogger(__name__)
 
 
 class ExportError(ValueError):
@@ -100,9 +106,13 @@ import importlib
 import base64
 import hashlib
 import json
+import logging
 import math
+import os
 import re
+import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 PROBLEM = {problem!r}
 _DATA = json.loads({data!r})
@@ -267,28 +277,39 @@ def _build_line(backend: str, target: str) -> str:
 
 def _binaries(genomes: list[dict[str, Any]], problem: Problem, backend: str,
               use_cache: bool) -> tuple[dict[str, str], str]:
-    """Compile each distinct (source, defines) once as the gate does; key -> base64 of the zlib-packed cubin."""
+    """Compile each distinct (source, defines) once as the gate does, in parallel (one compiler
+    process per CPU, at most 8); key -> base64 of the zlib-packed cubin."""
     from fitness import CompileCache, compile_source
 
     cache = CompileCache() if use_cache else None
-    out: dict[str, str] = {}
+    todo: dict[str, dict[str, Any]] = {}
     for g in genomes:
         ident = json.dumps([g["source"], g["entry"], g["defines"], list(problem.compile_options), problem.target,
                             backend, g["language"]])
-        key = hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:20]
-        g["binary"] = key
-        if key in out:
-            continue
-        try:
-            r = compile_source(g["source"], entry=g["entry"], language=g["language"], defines=g["defines"],
-                               options=problem.compile_options, target=problem.target, backend=backend, cache=cache)
-        except (OSError, RuntimeError) as e:  # no compiler on this machine
-            raise ExportError(f"cannot build the cubins with {backend} ({e}); install the CUDA toolkit, or "
-                              "export with binaries=False (the module then compiles with NVRTC where it runs)") from e
-        if not r.ok:
-            raise ExportError(f"genome {g['id'][:12]} (case {g['case']}) does not compile with {backend} for "
-                              f"{problem.target}: {r.reason}; export with binaries=False to skip the cubins")
-        out[key] = base64.b64encode(zlib.compress(r.cubin, 9)).decode("ascii")
+        g["binary"] = hashlib.sha256(ident.encode("utf-8", "surrogatepass")).hexdigest()[:20]
+        todo.setdefault(g["binary"], g)
+
+    def build(g: dict[str, Any]) -> Any:
+        return compile_source(g["source"], entry=g["entry"], language=g["language"], defines=g["defines"],
+                              options=problem.compile_options, target=problem.target, backend=backend, cache=cache)
+
+    out: dict[str, str] = {}
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1, len(todo)))) as pool:
+        futures = {key: pool.submit(build, g) for key, g in todo.items()}
+        for i, (key, fut) in enumerate(futures.items()):
+            g = todo[key]
+            try:
+                r = fut.result()
+            except (OSError, RuntimeError) as e:  # no compiler on this machine
+                raise ExportError(f"cannot build the cubins with {backend} ({e}); install the CUDA toolkit, or export "
+                                  "with binaries=False (the module then compiles with NVRTC where it runs)") from e
+            if not r.ok:
+                raise ExportError(f"genome {g['id'][:12]} (case {g['case']}) does not compile with {backend} for "
+                                  f"{problem.target}: {r.reason}; export with binaries=False to skip the cubins")
+            out[key] = base64.b64encode(zlib.compress(r.cubin, 9)).decode("ascii")
+            log.info("export: cubin %d of %d built (%s, %.0f s)", i + 1, len(todo),
+                     "cached" if r.cache_hit else backend, time.monotonic() - started)
     return out, _build_line(backend, problem.target)
 
 
