@@ -230,7 +230,31 @@ def _failure_reason(rc: int | None, log: str) -> str:
 
 
 def _nvrtc_options(defines: Sequence[str], options: Sequence[str], target: str) -> list[str]:
-    return [f"-arch={_arch(target)[1]}", "--std=c++17", "-lineinfo", "--ptxas-options=-v", *defines, *options]
+    # -default-device: unannotated functions (a device function's generic lambdas, which nvcc
+    # takes as device code) are device functions; NVRTC otherwise rejects them as host code.
+    return [f"-arch={_arch(target)[1]}", "--std=c++17", "-lineinfo", "--ptxas-options=-v", "-default-device",
+            *defines, *options]
+
+
+def _nvrtc_include_dirs() -> list[str]:
+    """Header folders for NVRTC: those of the candidates (the CUDA path CuPy uses, ``$CUDA_HOME``,
+    ``$CUDA_PATH``, the toolkit of ``nvcc`` on PATH, ``/usr/local/cuda``) that hold ``cuda_fp16.h``,
+    else CuPy's. CuPy's path may be the NVRTC wheel's, which lacks the toolkit headers."""
+    dirs = []
+    try:
+        import cupy
+
+        cuda_path = cupy.cuda.get_cuda_path()
+    except Exception:  # noqa: BLE001 - no CuPy path: the toolkit's may still do
+        cuda_path = None
+    if cuda_path:
+        dirs.append(os.path.join(cuda_path, "include"))
+    dirs += [os.path.join(os.environ[v], "include") for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        dirs.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include"))
+    dirs.append("/usr/local/cuda/include")  # where nvcc on PATH is a wrapper script
+    return [d for d in dict.fromkeys(dirs) if os.path.isfile(os.path.join(d, "cuda_fp16.h"))] or dirs[:1]
 
 
 def compile_source(source: str, *, entry: str = "kernel", language: str = "cuda", defines: Sequence[str] = (),
@@ -427,16 +451,9 @@ def _nvrtc_main() -> int:
     import msgpack
 
     req = msgpack.unpackb(sys.stdin.buffer.read(), raw=False)
-    import cupy
     from cupy_backends.cuda.libs import nvrtc
 
-    options = list(req["options"])
-    try:
-        cuda_path = cupy.cuda.get_cuda_path()
-    except Exception:
-        cuda_path = None
-    if cuda_path:
-        options.append(f"--include-path={os.path.join(cuda_path, 'include')}")
+    options = list(req["options"]) + [f"--include-path={d}" for d in _nvrtc_include_dirs()]
     prog = nvrtc.createProgram(req["source"], "kernel.cu", [], [])
     ok = True
     try:

@@ -185,3 +185,23 @@ def test_nvrtc_backend_compiles_in_a_subprocess(tmp_path):
 def test_missing_nvcc_is_a_clear_error():
     with pytest.raises(RuntimeError, match="nvcc is not on PATH"):
         compile_source(SIMPLE_KERNEL)
+
+
+@needs_nvrtc
+def test_nvrtc_backend_compiles_what_nvcc_does(tmp_path):
+    """Toolkit headers (cuda_fp16.h) are found even where CuPy's CUDA path is the NVRTC wheel's,
+    and a device function's generic lambdas are device code, as nvcc takes them."""
+    import os
+
+    from fitness._compile import _nvrtc_include_dirs
+
+    if not any(os.path.isfile(os.path.join(d, "cuda_fp16.h")) for d in _nvrtc_include_dirs()):
+        pytest.skip("no CUDA toolkit headers on this machine")
+    src = r"""
+#include <cuda_fp16.h>
+__device__ float twice(float v) { auto f = [&](auto a) { return a + a; }; return f(v); }
+extern "C" __global__ void kernel(__half* y) { y[0] = __float2half(twice(1.5f)); }
+"""
+    r = compile_source(src, backend="nvrtc", cache=CompileCache(tmp_path))
+    assert r.ok, r.log
+    assert r.cubin.startswith(ELF)
