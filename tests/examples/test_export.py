@@ -152,3 +152,24 @@ def test_export_without_a_compiler_says_what_to_do(tmp_path: Path, monkeypatch: 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvcc here
     with pytest.raises(ExportError, match="install the CUDA toolkit, or export with binaries=False"):
         export_module([_rec(prob, {}, {"M=64,N=256:float32": 0.1})], prob, tmp_path / "d.py", use_cache=False)
+
+
+def test_export_assembles_a_raw_ptx_genome(tmp_path: Path) -> None:
+    """A PTX genome's cubin comes from ptxas (as the gate assembles it), not from a C++ compiler."""
+    import base64
+    import zlib
+
+    from evo.types import Genome
+    from fitness import compile_source
+
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}], dtypes=["float32"])
+    cu = 'extern "C" __global__ void rmsnorm_fwd(float* y) { y[threadIdx.x] = 1.0f; }'
+    ptx = compile_source(cu, entry="rmsnorm_fwd", keep_ptx=True).ptx
+    assert ptx and ".entry rmsnorm_fwd" in ptx
+    g = Genome(ptx, dict(prob.seeds[0].params), entry="rmsnorm_fwd", language="ptx")
+    rec = Record(g, Evaluation(Status.OK, fitness=1.0, metrics={"cases": {"M=64,N=256:float32": {"time_ms": 0.1}}}))
+    mod = _load(export_module([rec], prob, tmp_path / "d.py", use_cache=False), "d_ptx")
+    entry = mod.GENOMES[0]
+    assert entry["language"] == "ptx" and entry["source"] == ptx
+    cubin = zlib.decompress(base64.b64decode(mod._BINARIES[entry["binary"]]))
+    assert cubin[:4] == b"\x7fELF" and ".text.rmsnorm_fwd" in _code(cubin)
