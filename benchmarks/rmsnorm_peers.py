@@ -76,7 +76,8 @@ WARMUP_MS = 300.0
 """Warm-up before each provider's timed batches. The fitness default (10 ms) suits the
 Evaluator, whose GPU never idles between genomes; here a provider often starts after the
 GPU idled (inputs being made, torch.compile or QuACK compiling), and on the H100 the first
-~100 ms of work after such a pause ran 2.5-3% slower (twenty-first session)."""
+two or three timings after such a pause (about 200-300 ms of work) ran 1.6-3% slower
+(twenty-first session)."""
 
 
 def bench(make_call: Callable[[Any, Any], Callable[[], Any]], xs: list[Any], w: Any,
