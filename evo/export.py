@@ -102,17 +102,11 @@ time on several streams of one device need their own workspaces: pass them.
 
 from __future__ import annotations
 
-import importlib
 import base64
-import hashlib
+import importlib
 import json
-import logging
 import math
-import os
-import re
-import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
 
 PROBLEM = {problem!r}
 _DATA = json.loads({data!r})
@@ -173,20 +167,23 @@ def _compile_nvrtc(g):
     return mod, mod.get_function(g["entry"]).kernel
 
 
+def _key(g):
+    """What the kernel of ``g`` is cached under: its binary (genomes may share one), else its case."""
+    return g.get("binary") or g["case"]
+
+
 def _kernel(g):
     """The selected genome's kernel (a cupy Function), built once per binary.
 
     The cubin the export built as the gate builds kernels (``BUILD``), where this GPU loads
     it; otherwise the source compiled here with NVRTC for this GPU (see :func:`origin`).
     """
-    key = g.get("binary") or g["case"]
+    key = _key(g)
     if key not in _cache:
         import cupy
         fn = None
         blob = _BINARIES.get(g.get("binary"))
         if blob is not None:
-            import base64
-            import zlib
             mod = cupy.cuda.function.Module()
             try:
                 mod.load(zlib.decompress(base64.b64decode(blob)))
@@ -204,8 +201,7 @@ def _kernel(g):
 
 def origin(shape, dtype):
     """How the kernel selected for ``shape`` and ``dtype`` was built, or ``None`` before its first run."""
-    g = select(shape, dtype)
-    return _origin.get(g.get("binary") or g["case"])
+    return _origin.get(_key(select(shape, dtype)))
 
 
 def _with_workspaces(buffers, case):
@@ -244,8 +240,8 @@ def run(*buffers, shape, dtype, device=None, stream=None):
     launch = _func("launch")(g["params"], case, device)
     scalars = [getattr(np, _CTYPES[t])(v) for t, v in (_func("scalars")(case) if "scalars" in _FUNCS else [])]
     kern = _kernel(g)
-    fptr = kern.kernel.ptr if hasattr(kern, "kernel") else kern.ptr  # a RawKernel wraps a Function
-    kkey = g.get("binary") or g["case"]
+    fptr = kern.ptr
+    kkey = _key(g)
     if launch.shared_mem > _dyn.get(kkey, 0):  # 48 KB in all by default, static arrays included
         cupy.cuda.driver.funcSetAttribute(fptr, 8, launch.shared_mem)  # MAX_DYNAMIC_SHARED_SIZE_BYTES
         _dyn[kkey] = launch.shared_mem
@@ -356,18 +352,14 @@ def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code
             "language": rec.genome.language, "defines": rec.genome.defines(),
             "options": list(problem.compile_options), "time_ms": m.get("time_ms"), "fraction": m.get("fraction"),
         })
-    build = "none: the sources are compiled with NVRTC where the module runs"
-    binary: dict[str, str] = {}
-    if binaries:
-        binary, build = _binaries(genomes, problem, backend, use_cache)
-    sources: dict[str, str] = {}
+    payload: dict[str, Any] = {"genomes": genomes, "funcs": funcs, "sources": {}}
+    if binaries:  # before the sources move out of the genomes
+        payload["binaries"], payload["build"] = _binaries(genomes, problem, backend, use_cache)
+    build = payload.get("build", "none: the sources are compiled with NVRTC where the module runs")
     for g in genomes:  # searched genomes mostly share one source: keep each once
         text = g.pop("source")
         g["source_key"] = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:20]
-        sources[g["source_key"]] = text
-    payload: dict[str, Any] = {"genomes": genomes, "funcs": funcs, "sources": sources}
-    if binaries:
-        payload["binaries"], payload["build"] = binary, build
+        payload["sources"][g["source_key"]] = text
     data = json.dumps(payload, sort_keys=True)
     text = _TEMPLATE.format(name=problem.name, count=len(genomes), problem=problem.name, data=data, build=build)
     if extra_code:
