@@ -12,7 +12,9 @@ Timing, the same for every provider and the same as the fitness Timing stage
 (:func:`fitness.time_calls`): L2-cold input rotation (enough input sets that one round
 exceeds 3x L2), warm-up, then CUDA-graph replays of a round-robin batch of at least 2 ms
 (calls issued one by one when capture fails); the median over replays is reported with
-its spread ((p75-p25)/median). Outputs rotate with the inputs for every provider: ours and
+its spread ((p75-p25)/median). The providers of a case are timed in an order rotated from
+case to case (:func:`timing_order`), so no provider always goes first, and ``--rounds R``
+times each R times (the cell is the median of the rounds, :func:`combine_rounds`). Outputs rotate with the inputs for every provider: ours and
 QuACK's tuned entry write into one preallocated output per input set, and the providers
 that allocate their outputs per call keep each set's latest output alive until that set's
 next call (:func:`holding`). Without that, the caching allocator hands every call the block
@@ -476,6 +478,37 @@ def pending_cases(dtypes: list[str], shapes: list[tuple[int, int]],
     return [(dtype, m, n) for dtype in dtypes for m, n in shapes if (dtype, n) not in done]
 
 
+def timing_order(names: list[str], case_index: int, round_index: int = 0) -> list[str]:
+    """The order in which one case's providers are timed: the table order rotated by the case's
+    index in the full case list plus the round, so each provider is timed first in some cases
+    and no one of them always carries whatever the first timing of a case costs (on the H100 the
+    first provider timed on a case's fresh buffers ran 1.5-3% slow, twenty-first and
+    twenty-second sessions; ours used to be first in every case)."""
+    if not names:
+        return []
+    k = (case_index + round_index) % len(names)
+    return names[k:] + names[:k]
+
+
+def combine_rounds(results: list[tuple[float, float]]) -> tuple[float, float]:
+    """One provider's ``(ms, spread)`` over its rounds on a case: the median of the rounds'
+    medians, and as spread the larger of the worst round's spread and the rounds' range over
+    that median (one round: its own figures).
+
+    Raises:
+        ValueError: ``results`` is empty.
+    """
+    if not results:
+        raise ValueError("combine_rounds needs at least one round's result")
+    ms = sorted(r[0] for r in results)
+    mid = len(ms) // 2
+    med = ms[mid] if len(ms) % 2 else 0.5 * (ms[mid - 1] + ms[mid])
+    spread = max(r[1] for r in results)
+    if len(ms) > 1 and med > 0:
+        spread = max(spread, (ms[-1] - ms[0]) / med)
+    return med, spread
+
+
 def untimed_lines(left: list[tuple[str, int, int]], limit: float | None) -> list[str]:
     """The note a run that ``--time-limit`` stopped writes under its rows: the cases of the
     matrix it did not time, so a partial table says what it lacks (``--resume`` times them).
@@ -518,9 +551,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="keep the rows already in --out (same providers) and time only the missing cases")
     ap.add_argument("--warmup-ms", type=float, default=WARMUP_MS,
                     help="warm-up of each provider on each case before its timed batches (ms)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every provider this many times per case, each round in a rotated order; "
+                    "a cell is the median of the rounds (spread: its range too)")
     ap.add_argument("--time-limit", type=float, default=None, metavar="S",
                     help="start no new case after S seconds; the summary covers the rows written")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be 1 or more (got {args.rounds})")
     started = time.monotonic()
     import torch
 
@@ -553,7 +591,9 @@ def main(argv: list[str] | None = None) -> int:
              f"{platform.node()}; torch {torch.__version__}; python {platform.python_version()}.",
              f"Copy ceiling (D2D, same method): {copy_tbs:.3f} TB/s. Cells: ms / TB/s / % of copy "
              f"(spread); median over CUDA-graph batches of L2-cold rotated calls (fitness.time_calls) after {args.warmup_ms:g} "
-             "ms of warm-up. "
+             "ms of warm-up; providers timed in an order rotated from case to case"
+             + (f", {args.rounds} rounds per case (cell: median of the rounds; spread: the larger of a round's and "
+                "the rounds' range)" if args.rounds > 1 else "") + ". "
              + ("Bytes: 3*M*N*elem + 4*M + 8*N." if args.backward else "Bytes: 2*M*N*elem + 4*N.")
              + (f" Not timed in this run (--skip): {', '.join(skipped)}." if skipped else ""), ""]
     names = list(provs)
@@ -564,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines), flush=True)
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     todo = pending_cases(args.dtypes.split(","), shapes, prior)
+    # the order of a case's providers depends on the case alone, so a resumed run keeps it
+    case_index = {c: i for i, c in enumerate(pending_cases(args.dtypes.split(","), all_shapes, None))}
     left = len(todo)
     for i, (dtype, m, n) in enumerate(todo):
         if args.time_limit is not None and time.monotonic() - started > args.time_limit:
@@ -589,26 +631,36 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = 3 * m * n * elem + 4 * m + 8 * n
         else:
             nbytes = 2 * m * n * elem + 4 * n
+        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+        failed: dict[str, str] = {}
+        for r in range(args.rounds):
+            for name in timing_order(names, case_index[(dtype, m, n)], r):
+                if name in failed:
+                    continue
+                try:
+                    if args.backward:
+                        res = time_calls([provs[name](x, w, dy, rs) for x, dy, rs in zip(xs, dys, rstds, strict=True)],
+                                         warmup_ms=args.warmup_ms)
+                        rounds[name].append((res.time_ms, res.spread))
+                    else:
+                        rounds[name].append(bench(provs[name], xs, w, args.warmup_ms))
+                except Exception as e:  # noqa: BLE001 - shown, never dropped
+                    failed[name] = type(e).__name__
+                    print(f"  {name} on {m}x{n} {dtype}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+                    try:
+                        torch.cuda.synchronize()
+                    except Exception:  # noqa: BLE001 - a poisoned context fails every later case too
+                        pass
         cells = []
         for name in names:
-            try:
-                if args.backward:
-                    res = time_calls([provs[name](x, w, dy, r) for x, dy, r in zip(xs, dys, rstds, strict=True)],
-                                     warmup_ms=args.warmup_ms)
-                    ms, spread = res.time_ms, res.spread
-                else:
-                    ms, spread = bench(provs[name], xs, w, args.warmup_ms)
-                tbs = nbytes / (ms * 1e-3) / 1e12
-                times[(dtype, n, name)] = ms
-                cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
-            except Exception as e:  # noqa: BLE001 - shown, never dropped
+            if name in failed:
                 times[(dtype, n, name)] = None
-                cells.append(f"FAILED {type(e).__name__}")
-                print(f"  {name} on {m}x{n} {dtype}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
-                try:
-                    torch.cuda.synchronize()
-                except Exception:  # noqa: BLE001 - a poisoned context fails every later case too
-                    pass
+                cells.append(f"FAILED {failed[name]}")
+                continue
+            ms, spread = combine_rounds(rounds[name])
+            tbs = nbytes / (ms * 1e-3) / 1e12
+            times[(dtype, n, name)] = ms
+            cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
         row = f"| {m}x{n} {dtype} | " + " | ".join(cells) + " |"
         print(row, flush=True)
         with out.open("a") as fh:  # a run cut short keeps every finished row

@@ -272,3 +272,36 @@ def test_a_time_limited_table_names_the_cases_it_did_not_time_and_resumes_past_t
     text = _TABLE[:rows_end] + "\n".join(note) + "\n" + _TABLE[rows_end:]
     t = rmsnorm_peers.parse_table(text)
     assert len(t.rows) == 2 and t.done() == {("bfloat16", 256), ("bfloat16", 32768)}
+
+
+def test_timing_order_rotates_so_each_provider_goes_first_in_some_cases() -> None:
+    names = ["evo (ours)", "torch", "quack"]
+    firsts = [rmsnorm_peers.timing_order(names, i)[0] for i in range(6)]
+    assert firsts == ["evo (ours)", "torch", "quack", "evo (ours)", "torch", "quack"]
+    for i in range(6):
+        for r in range(3):
+            order = rmsnorm_peers.timing_order(names, i, r)
+            assert sorted(order) == sorted(names)  # every provider once per round
+    # a later round of a case starts with the next provider
+    assert rmsnorm_peers.timing_order(names, 4, 1) == ["quack", "evo (ours)", "torch"]
+    assert rmsnorm_peers.timing_order([], 3) == []
+
+
+def test_combine_rounds_takes_the_median_and_widens_the_spread_by_the_range() -> None:
+    assert rmsnorm_peers.combine_rounds([(2.0, 0.01)]) == (2.0, 0.01)
+    ms, spread = rmsnorm_peers.combine_rounds([(2.9, 0.001), (2.85, 0.002)])
+    assert ms == pytest.approx(2.875)
+    assert spread == pytest.approx(0.05 / 2.875)
+    ms, spread = rmsnorm_peers.combine_rounds([(1.0, 0.05), (1.01, 0.001), (5.0, 0.0)])
+    assert ms == 1.01
+    assert spread == pytest.approx(4.0 / 1.01)
+    ms, spread = rmsnorm_peers.combine_rounds([(1.0, 0.05), (1.001, 0.001)])
+    assert spread == 0.05  # a round's own spread when it is the larger
+    with pytest.raises(ValueError, match="at least one round"):
+        rmsnorm_peers.combine_rounds([])
+
+
+def test_rounds_below_one_is_refused_before_any_gpu_work(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        rmsnorm_peers.main(["--rounds", "0"])
+    assert "--rounds must be 1 or more" in capsys.readouterr().err
