@@ -26,7 +26,9 @@ by call) in the same run. A provider that fails on a case is shown as FAILED wit
 error class (the message goes to stderr); ``--require quack,liger`` (or ``all``) instead stops
 before timing anything when a named provider did not load. The Markdown
 table goes to ``--out`` (default ``benchmarks/results/rmsnorm_peers.md``), row by row;
-RESULTS.md quotes it.
+RESULTS.md quotes it. Under it: each peer's time over ours per case, the cases where ours is
+faster than every peer, and (forward) the cases where ours misses its copy floor
+(:data:`COPY_FLOORS`), each with the points it is short by.
 
 ``--backward`` times dx and dw instead, on the backward Problem's timed shapes: the
 genomes of a backward search (``examples/rmsnorm_h100.py --backward``), the reference
@@ -61,7 +63,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,10 @@ SHAPES = [(32768, n) for n in (256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 6
     (16384, 131072), (8192, 262144)]
 DTYPES = ("bfloat16", "float16", "float32")
 EPS = 1e-6
+COPY_FLOORS = {256: 0.65, 512: 0.78, 1024: 0.88, 2048: 0.93, 4096: 0.96}
+"""The forward's target fraction of the measured copy bandwidth by row length (issue 6);
+:data:`COPY_FLOOR_LONG` from 8K up."""
+COPY_FLOOR_LONG = 0.97
 
 
 WARMUP_MS = 300.0
@@ -364,6 +370,44 @@ def summary(times: dict[tuple[str, int, str], float | None], names: list[str], o
     return out
 
 
+def copy_floor(n: int) -> float:
+    """The target fraction of copy bandwidth for rows of ``n`` elements (:data:`COPY_FLOORS`;
+    between two listed lengths the shorter one's floor; 97% from 8K up)."""
+    if n >= 8192:
+        return COPY_FLOOR_LONG
+    listed = [k for k in sorted(COPY_FLOORS) if k <= n]
+    return COPY_FLOORS[listed[-1]] if listed else 0.0
+
+
+def floor_lines(copy: dict[tuple[str, int], float | None], ours: str = "evo (ours)") -> list[str]:
+    """Markdown lines checking ``ours`` against the copy floors: how many cases meet theirs, and
+    each case that does not, by how many points of copy bandwidth (or that ours failed there).
+
+    Args:
+        copy: ``(dtype, N) -> fraction of the copy ceiling`` ours reached (None: ours failed).
+        ours: The provider's name in the text.
+
+    Returns:
+        The lines (empty when ``copy`` is).
+    """
+    if not copy:
+        return []
+    floors = ", ".join(f"{round(100 * v)}% at {k if k < 1024 else f'{k // 1024}K'}" for k, v in sorted(COPY_FLOORS.items()))
+    short: list[str] = []
+    for (dtype, n), frac in sorted(copy.items(), key=lambda c: (c[0][0], c[0][1])):
+        want = copy_floor(n)
+        if frac is None:
+            short.append(f"{dtype} N={n}: {ours} failed (floor {100 * want:.0f}%)")
+        elif frac < want - 1e-9:
+            short.append(f"{dtype} N={n}: {100 * frac:.1f}% of copy, floor {100 * want:.0f}%, "
+                         f"short by {100 * (want - frac):.1f} points")
+    met = len(copy) - len(short)
+    out = ["", f"Copy floors ({floors}, {100 * COPY_FLOOR_LONG:.0f}% from 8K up): {ours} meets its floor on "
+           f"{met} of {len(copy)} cases" + ("." if not short else "; short:")]
+    out += [f"- {line}" for line in short]
+    return out
+
+
 _ROW = re.compile(r"^\| (\d+)x(\d+) (\w+) \| (.*) \|\s*$")
 
 
@@ -376,12 +420,15 @@ class PeerTable:
         names: The provider columns, in order.
         rows: The case rows as written, in order.
         times: ``(dtype, N, provider) -> median ms`` (None where the provider failed).
+        copy: ``(dtype, N, provider) -> fraction of copy`` as the cell shows it (whole percent;
+            None where the provider failed).
     """
 
     head: list[str]
     names: list[str]
     rows: list[str]
     times: dict[tuple[str, int, str], float | None]
+    copy: dict[tuple[str, int, str], float | None] = field(default_factory=dict)
 
     def done(self) -> set[tuple[str, int]]:
         """The ``(dtype, N)`` cases that have a row."""
@@ -403,6 +450,7 @@ def parse_table(text: str) -> PeerTable:
     names = [c.strip() for c in lines[start].strip().strip("|").split("|")][1:]
     rows: list[str] = []
     times: dict[tuple[str, int, str], float | None] = {}
+    copy: dict[tuple[str, int, str], float | None] = {}
     for line in lines[start + 2:]:
         m = _ROW.match(line)
         if m is None:
@@ -414,9 +462,12 @@ def parse_table(text: str) -> PeerTable:
             raise ValueError(f"row {line[:60]!r} has {len(cells)} cells for {len(names)} providers")
         n, dtype = int(m.group(2)), m.group(3)
         for name, cell in zip(names, cells, strict=True):
-            times[(dtype, n, name)] = None if cell.startswith("FAILED") else float(cell.split("/")[0])
+            failed = cell.startswith("FAILED")
+            times[(dtype, n, name)] = None if failed else float(cell.split("/")[0])
+            pct = None if failed else re.search(r"/\s*([\d.]+)%", cell)
+            copy[(dtype, n, name)] = None if pct is None else float(pct.group(1)) / 100
         rows.append(line)
-    return PeerTable(lines[:start], names, rows, times)
+    return PeerTable(lines[:start], names, rows, times, copy)
 
 
 def table_gpu(table: PeerTable) -> str | None:
@@ -598,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
              + (f" Not timed in this run (--skip): {', '.join(skipped)}." if skipped else ""), ""]
     names = list(provs)
     times: dict[tuple[str, int, str], float | None] = dict(prior.times) if prior is not None else {}
+    copy: dict[tuple[str, int, str], float | None] = dict(prior.copy) if prior is not None else {}
     lines = table_start(lines, prior, names, copy_tbs)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")  # rows are appended as they are measured
@@ -654,12 +706,13 @@ def main(argv: list[str] | None = None) -> int:
         cells = []
         for name in names:
             if name in failed:
-                times[(dtype, n, name)] = None
+                times[(dtype, n, name)] = copy[(dtype, n, name)] = None
                 cells.append(f"FAILED {failed[name]}")
                 continue
             ms, spread = combine_rounds(rounds[name])
             tbs = nbytes / (ms * 1e-3) / 1e12
             times[(dtype, n, name)] = ms
+            copy[(dtype, n, name)] = tbs / copy_tbs
             cells.append(f"{ms:.4f} / {tbs:.2f} / {100 * tbs / copy_tbs:.0f}% (±{100 * spread:.1f}%)")
         row = f"| {m}x{n} {dtype} | " + " | ".join(cells) + " |"
         print(row, flush=True)
@@ -668,6 +721,8 @@ def main(argv: list[str] | None = None) -> int:
         xs = dys = rstds = None  # free this case's buffers before the next
         torch.cuda.empty_cache()
     tail = summary(times, names)
+    if not args.backward and "evo (ours)" in names:  # the floors are the forward's targets
+        tail += floor_lines({(d, k): f for (d, k, name), f in copy.items() if name == "evo (ours)"})
     if tail:
         print("\n".join(tail))
         with out.open("a") as fh:

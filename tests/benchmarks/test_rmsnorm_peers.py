@@ -305,3 +305,38 @@ def test_rounds_below_one_is_refused_before_any_gpu_work(capsys: pytest.CaptureF
     with pytest.raises(SystemExit):
         rmsnorm_peers.main(["--rounds", "0"])
     assert "--rounds must be 1 or more" in capsys.readouterr().err
+
+
+def test_copy_floor_by_row_length() -> None:
+    assert rmsnorm_peers.copy_floor(256) == 0.65
+    assert rmsnorm_peers.copy_floor(2048) == 0.93
+    assert rmsnorm_peers.copy_floor(3000) == 0.93  # between two listed lengths: the shorter one's
+    assert rmsnorm_peers.copy_floor(8192) == 0.97
+    assert rmsnorm_peers.copy_floor(262144) == 0.97
+    assert rmsnorm_peers.copy_floor(128) == 0.0
+
+
+def test_floor_lines_name_each_short_case_and_by_how_much() -> None:
+    lines = rmsnorm_peers.floor_lines({("bfloat16", 256): 0.83, ("bfloat16", 8192): 0.955,
+                                       ("float32", 2048): None, ("float32", 4096): 0.96})
+    text = "\n".join(lines)
+    assert "meets its floor on 2 of 4 cases; short:" in text
+    assert "- bfloat16 N=8192: 95.5% of copy, floor 97%, short by 1.5 points" in lines
+    assert "- float32 N=2048: evo (ours) failed (floor 93%)" in lines
+    assert not any("N=256" in line or "N=4096" in line for line in lines[2:])
+    assert rmsnorm_peers.floor_lines({("float16", 1024): 0.9})[-1].endswith("meets its floor on 1 of 1 cases.")
+    assert rmsnorm_peers.floor_lines({}) == []
+
+
+def test_parse_table_reads_each_cells_fraction_of_copy() -> None:
+    text = "\n".join([
+        "# RMSNorm forward peers", "",
+        "| case | evo (ours) | quack |", "|---|---|---|",
+        "| 32768x256 bfloat16 | 0.0134 / 2.50 / 83% (±0.2%) | FAILED CUDADialectError |",
+        "| 32768x8192 float32 | 0.7050 / 3.05 / 101% (±0.1%) | 0.7129 / 3.01 / 100% (±0.1%) |",
+    ])
+    t = rmsnorm_peers.parse_table(text)
+    assert t.copy[("bfloat16", 256, "evo (ours)")] == 0.83
+    assert t.copy[("bfloat16", 256, "quack")] is None
+    assert t.copy[("float32", 8192, "evo (ours)")] == 1.01
+    assert t.copy[("float32", 8192, "quack")] == 1.0
