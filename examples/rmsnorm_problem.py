@@ -559,6 +559,17 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 8,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1,
      "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+    # STAGE 2 at 32 registers, 2048 threads per SM, one row per CTA of 128 or 256 threads (the
+    # lean form of the occupancy rule; THREADS, TPR and OCCUPANCY change together, which mutations
+    # seldom do): on the H100, 1K-4K, the 128-thread one 0.981-0.988 of copy at 2K (the one-warp
+    # STAGE 4 seed 0.982-0.983 in the same sweep), the 256-thread one 0.998-1.003 at 4K
+    # (rmsnorm_sweep-2026-12-06-s22-h100-stage2-2048threads.md)
+    {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 16, "WSMEM": 0, "PREFETCH": 0},
+    {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
+     "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+     "OCCUPANCY": 8, "WSMEM": 0, "PREFETCH": 0},
 )
 """Starting points, one or more per row-length regime (the engine searches from all of them).
 Each is the best variant, for the shapes its comment names, of a design-space sweep on the H200
