@@ -60,6 +60,7 @@ import importlib.util
 import os
 import platform
 import re
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -394,7 +395,7 @@ def floor_lines(copy: dict[tuple[str, int], float | None], ours: str = "evo (our
         return []
     floors = ", ".join(f"{round(100 * v)}% at {k if k < 1024 else f'{k // 1024}K'}" for k, v in sorted(COPY_FLOORS.items()))
     short: list[str] = []
-    for (dtype, n), frac in sorted(copy.items(), key=lambda c: (c[0][0], c[0][1])):
+    for (dtype, n), frac in sorted(copy.items()):  # keys are unique: values never compared
         want = copy_floor(n)
         if frac is None:
             short.append(f"{dtype} N={n}: {ours} failed (floor {100 * want:.0f}%)")
@@ -551,12 +552,11 @@ def combine_rounds(results: list[tuple[float, float]]) -> tuple[float, float]:
     """
     if not results:
         raise ValueError("combine_rounds needs at least one round's result")
-    ms = sorted(r[0] for r in results)
-    mid = len(ms) // 2
-    med = ms[mid] if len(ms) % 2 else 0.5 * (ms[mid - 1] + ms[mid])
+    ms = [r[0] for r in results]
+    med = statistics.median(ms)
     spread = max(r[1] for r in results)
     if len(ms) > 1 and med > 0:
-        spread = max(spread, (ms[-1] - ms[0]) / med)
+        spread = max(spread, (max(ms) - min(ms)) / med)
     return med, spread
 
 
