@@ -337,19 +337,32 @@ def _c_pipe_batch(p: Mapping[str, Any]) -> bool:
 
 def _lean_reread(p: Mapping[str, Any]) -> bool:
     """STAGE 2 at 32 registers (2048 threads per SM) without spills: one row per CTA, one 16-byte
-    load per batch, no cluster, any load hint but ld.global.cg (ptxas, nvcc 13.0, sm_90a: several
-    rows per CTA spill, and ld.global.cg spills 8 bytes at 256 and 512 threads though not at 1024;
-    tests/examples/test_rmsnorm_compile.py); without PREFETCH (its second vector spills there)."""
+    load per batch, no cluster, LOAD_HINT 0, 3, 4 or 5 (ptxas, nvcc 13.0, sm_90a: several rows per
+    CTA spill; ld.global.cg spills 8 bytes at 256 and 512 threads though not at 1024, and
+    ld.global.nc 24-36 bytes at every thread count; tests/examples/test_rmsnorm_compile.py);
+    without PREFETCH (its second vector spills there)."""
     return (int(p["STAGE"]) == 2 and int(p["MAX_VECS"]) == 1 and int(p["VEC_BYTES"]) == 16
-            and int(p["CLUSTER"]) == 1 and int(p["TPR"]) == int(p["THREADS"]) and int(p["LOAD_HINT"]) != 2
+            and int(p["CLUSTER"]) == 1 and int(p["TPR"]) == int(p["THREADS"]) and int(p["LOAD_HINT"]) in (0, 3, 4, 5)
             and int(p["PREFETCH"]) == 0)
+
+
+def _lean_regs(p: Mapping[str, Any]) -> bool:
+    """STAGE 0 at 32 registers without spills: one vector per thread (MAX_VECS 1, the kernel's
+    ``rmsnorm_lean`` path), 16-byte vectors, one row per CTA, no cluster, LOAD_HINT 0, 3, 4 or 5
+    and rsqrt.approx (nvcc 13.0, sm_90a: the lean path itself fits 32 registers in every form,
+    but its STAGE 2 fallback for rows of more than TPR vectors, compiled into the same kernel,
+    spills 4-36 bytes with 4- or 8-byte vectors, several rows per CTA, ld.global.nc or .cg, or
+    the precise 1/sqrtf)."""
+    return (int(p["STAGE"]) == 0 and int(p["MAX_VECS"]) == 1 and int(p["VEC_BYTES"]) == 16
+            and int(p["CLUSTER"]) == 1 and int(p["TPR"]) == int(p["THREADS"]) and int(p["LOAD_HINT"]) in (0, 3, 4, 5)
+            and int(p["RSQRT_APPROX"]) == 1)
 
 
 def _c_occupancy(p: Mapping[str, Any]) -> bool:
     occ = int(p["OCCUPANCY"])
     if occ == 0:
         return True
-    if occ * int(p["THREADS"]) == 2048 and _lean_reread(p):
+    if occ * int(p["THREADS"]) == 2048 and (_lean_reread(p) or _lean_regs(p)):
         return True
     small_tile = int(p["STAGE"]) in (3, 4) or int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) <= 32
     return occ * int(p["THREADS"]) <= 1024 and small_tile
@@ -406,9 +419,9 @@ def forward_param_space() -> ParamSpace:
                        "threads ptxas has 32 per thread and spills)", _c_pipe_registers),
             Constraint("OCCUPANCY > 0: OCCUPANCY * THREADS <= 1024 (64 registers per thread or more) and, "
                        "outside STAGE 3, MAX_VECS * VEC_BYTES <= 32 (a larger register tile spills at 64); or "
-                       "OCCUPANCY * THREADS == 2048 (32 registers) with STAGE 2, MAX_VECS 1, VEC_BYTES 16, "
-                       "CLUSTER 1, TPR == THREADS, LOAD_HINT != 2 and PREFETCH 0 (the one STAGE 2 form that does not "
-                       "spill there)",
+                       "OCCUPANCY * THREADS == 2048 (32 registers) with MAX_VECS 1, VEC_BYTES 16, CLUSTER 1, "
+                       "TPR == THREADS, LOAD_HINT 0, 3, 4 or 5, and STAGE 2 with PREFETCH 0 or STAGE 0 with "
+                       "RSQRT_APPROX 1 (the forms that do not spill there)",
                        _c_occupancy),
             Constraint("STAGE 3: MAX_VECS * VEC_BYTES <= 64 (the batch of loads it holds), or a register budget of "
                        "at least 128 (register_budget: OCCUPANCY or a persistent grid): at 64 registers 8 x 16 B "
@@ -570,6 +583,12 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
      "OCCUPANCY": 8, "WSMEM": 0, "PREFETCH": 0},
+    # STAGE 0 with one 16-byte vector per thread (the kernel's lean path) at 32 registers, 2048
+    # threads per SM, one row per CTA of 64 to 1024 threads: each holds a whole row of 1 KB to 16 KB
+    # (16-bit 512 to 8K, fp32 256 to 4K), read once, as many rows in flight per SM as CTAs
+    *({"THREADS": t, "TPR": t, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
+       "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+       "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 0} for t in (64, 128, 256, 512, 1024)),
 )
 """Starting points, one or more per row-length regime (the engine searches from all of them).
 Each is the best variant, for the shapes its comment names, of a design-space sweep on the H200

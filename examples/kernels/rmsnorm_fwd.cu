@@ -17,7 +17,8 @@
 //                row stays in the SM's L1 for the second read while the row, or the CTA's
 //                rows, fit it), every other x load L1::evict_first
 //   STORE_HINT   y stores: 0 default, 1 st.global.cs, 2 st.global.cg
-//   STAGE        0 row chunk kept in registers (tile of MAX_VECS vectors per thread),
+//   STAGE        0 row chunk kept in registers (tile of MAX_VECS vectors per thread; with
+//                MAX_VECS 1 and no cluster the lean path, rmsnorm_lean: one vector per thread),
 //                1 row chunk staged in dynamic shared memory, 2 second pass re-reads global
 //                memory, 3 bulk-copy pipeline: each CTA (or cluster) walks tiles of rows;
 //                cp.async.bulk (TMA) copies the next PIPE tiles into shared memory while the
@@ -691,6 +692,61 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
 #endif
 }
 
+// ----------------------------------------------------------------------------- STAGE 0, one vector
+
+#if STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1
+// STAGE 0 with one vector per thread and no cluster: each thread of a row's group loads at most
+// one vector of the row, keeps it in registers across the reduction and stores it normalised.
+// Rows of at most TPR vectors only, with x, y and the rows VEC_BYTES-aligned (a uniform test;
+// anything else takes the STAGE 2 path). Nothing but the vector, its offset and the row index
+// stays live across the reduction (32-bit row bytes: a row that fits TPR <= 1024 vectors is at
+// most 16 KB), so the form fits 32 registers per thread (2048 threads per SM): as many rows in
+// flight per SM as there are thread groups, each read once.
+template <int DT>
+__device__ __forceinline__ void rmsnorm_lean(const void* __restrict__ x, const float* __restrict__ w,
+                                             void* __restrict__ y, int M, int N, float eps, float* red,
+                                             float* clp, unsigned char* buf) {
+    constexpr int ESZ = ES<DT>::value;
+    constexpr int E = VEC_BYTES / ESZ;
+    const int tid = threadIdx.x;
+    const int r = tid / TPR;
+    const int t = tid % TPR;
+    const unsigned row_bytes = static_cast<unsigned>(N) * ESZ;
+    const bool aligned =
+        ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) % VEC_BYTES) == 0;
+    const unsigned nv = row_bytes / VEC_BYTES;
+    if (!aligned || row_bytes % VEC_BYTES != 0 || nv > TPR) {  // uniform over the grid
+        rmsnorm_rows<DT, 2, 1>(x, w, y, M, N, eps, red, clp, reinterpret_cast<Vec*>(buf));
+        return;
+    }
+    const bool mine = static_cast<unsigned>(t) < nv;
+    const float inv_n = __frcp_rn(static_cast<float>(N));
+    const unsigned long long pol = load_policy();
+    const float* wt = w + t * E;
+    const unsigned col = static_cast<unsigned>(t) * VEC_BYTES;
+    const unsigned step = gridDim.x * RPC;
+    int it = 0;
+    for (unsigned row0 = blockIdx.x * RPC; row0 < static_cast<unsigned>(M); row0 += step, ++it) {
+        const unsigned row = row0 + r;
+        const bool valid = mine && row < static_cast<unsigned>(M);
+        const unsigned long long off = static_cast<unsigned long long>(row) * row_bytes + col;
+        Vec v;
+        float acc = 0.f;
+        if (valid) {
+            ld_vec(v, static_cast<const char*>(x) + off, pol);
+            acc = sumsq<DT>(v);
+        }
+#pragma unroll
+        for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) acc += shfl_bfly(acc, o);
+#if TPR > 32
+        acc = warps_sum(acc, red + (it & 1) * WARPS, r);
+#endif
+        const float rstd = rsqrt_of(fmaf(acc, inv_n, eps));
+        if (valid) norm_store<DT>(v, wt, rstd, static_cast<char*>(y) + off);
+    }
+}
+#endif
+
 // ----------------------------------------------------------------------------- STAGE 4 row tile
 
 #if STAGE == 4
@@ -1167,6 +1223,13 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
         rmsnorm_rowtile<1>(x, w, y, M, N, eps, red, clp, dsmem);
     else
         rmsnorm_rowtile<2>(x, w, y, M, N, eps, red, clp, dsmem);
+#elif STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1
+    if (dtype_code == 0)
+        rmsnorm_lean<0>(x, w, y, M, N, eps, red, clp, dsmem);
+    else if (dtype_code == 1)
+        rmsnorm_lean<1>(x, w, y, M, N, eps, red, clp, dsmem);
+    else
+        rmsnorm_lean<2>(x, w, y, M, N, eps, red, clp, dsmem);
 #else
     Vec* dstage = reinterpret_cast<Vec*>(dsmem);
     if (dtype_code == 0)

@@ -20,13 +20,13 @@ BWD = (KERNEL_DIR / "rmsnorm_bwd.cu").read_text()
 
 
 @pytest.mark.parametrize("dtype,code", [("float32", 0), ("float16", 1), ("bfloat16", 2)])
-@pytest.mark.parametrize("source,blocks", [(FWD, 3), (BWD, 3)], ids=["forward", "backward"])
+@pytest.mark.parametrize("source,blocks", [(FWD, 4), (BWD, 3)], ids=["forward", "backward"])
 def test_dtype_only_keeps_one_instantiation_per_dispatch(source: str, blocks: int, dtype: str, code: int) -> None:
     out = fc.variant_source(source, "dtype-only", dtype, backward=source is BWD)
     assert "dtype_code == 0" not in out and "dtype_code == 1" not in out
     assert len(fc._DISPATCH.findall(source)) == blocks  # every dispatch of the entry point was rewritten
     for other in {0, 1, 2} - {code}:
-        for name in ("rmsnorm_pipe", "rmsnorm_rowtile", "rmsnorm_rows", "persistent", "dw_columns", "dx_row"):
+        for name in ("rmsnorm_pipe", "rmsnorm_rowtile", "rmsnorm_lean", "rmsnorm_rows", "persistent", "dw_columns", "dx_row"):
             assert f"{name}<{other}" not in out.split("extern \"C\"")[-1]
 
 

@@ -220,6 +220,32 @@ def test_forward_one_warp_ctas(cuda_device) -> None:
         _check(prob, g, SMALL[:6] + PIPE_SHAPES[:3] + [{"M": 70, "N": 256}])
 
 
+LEAN_SHAPES = [{"M": 1, "N": 8}, {"M": 70, "N": 256}, {"M": 37, "N": 512}, {"M": 130, "N": 1024},
+               {"M": 33, "N": 2048}, {"M": 9, "N": 4096}, {"M": 5, "N": 8192}, {"M": 3, "N": 2056}]
+"""Rows of whole vectors that the lean STAGE 0 path holds (one vector per thread, up to TPR of them)
+and rows longer than that (its STAGE 2 fallback), for THREADS from 64 to 1024."""
+
+
+@pytest.mark.parametrize("offsets", [None, {"x": 1, "y": 1}, {"w": 1}], ids=["aligned", "x-y-off", "w-off"])
+def test_forward_lean_one_vector(cuda_device, offsets: dict[str, int] | None) -> None:
+    """STAGE 0 with one vector per thread (rmsnorm_lean): at 32 registers (2048 threads per SM) with
+    every load hint the rule admits, at 64 with ld.global.nc, several rows per CTA and 8-byte
+    vectors; rows it holds, longer rows, odd N and views off the 16-byte grid (the fallback)."""
+    prob = make_forward_problem()
+    base = dict(prob.seeds[0].params, STAGE=0, MAX_VECS=1, CLUSTER=1, PERSISTENT=0, VEC_BYTES=16, RSQRT_APPROX=1)
+    params = [dict(base, THREADS=t, TPR=t, OCCUPANCY=2048 // t, LOAD_HINT=h, STORE_HINT=sh)
+              for t, h, sh in ((64, 5, 1), (128, 0, 0), (256, 4, 1), (512, 3, 2), (1024, 5, 1))]
+    params += [dict(base, THREADS=256, TPR=32, OCCUPANCY=4, LOAD_HINT=1, STORE_HINT=1),
+               dict(base, THREADS=128, TPR=64, OCCUPANCY=0, VEC_BYTES=8, LOAD_HINT=0, STORE_HINT=0, RSQRT_APPROX=0),
+               dict(base, THREADS=512, TPR=512, OCCUPANCY=0, PERSISTENT=2, LOAD_HINT=3, STORE_HINT=1)]
+    for p in params:
+        assert prob.params.is_valid(p), p
+    genomes = [prob.seeds[0].with_params(**p) for p in params]
+    _compile(prob, genomes)
+    for g in genomes:
+        _check(prob, g, SMALL[:4] + LEAN_SHAPES, offsets=offsets)
+
+
 @pytest.mark.parametrize("hint", [4, 5])
 def test_forward_two_pass_policy(cuda_device, hint: int) -> None:
     """LOAD_HINT 4 (first read evict_last, second evict_first) and 5 (the same in L1 too) on the
