@@ -348,14 +348,11 @@ def _lean_reread(p: Mapping[str, Any]) -> bool:
 
 def _lean_regs(p: Mapping[str, Any]) -> bool:
     """STAGE 0 at 32 registers without spills: one vector per thread (MAX_VECS 1, the kernel's
-    ``rmsnorm_lean`` path), 16-byte vectors, one row per CTA, no cluster, LOAD_HINT 0, 3, 4 or 5
-    and rsqrt.approx (nvcc 13.0, sm_90a: the lean path itself fits 32 registers in every form,
-    but its STAGE 2 fallback for rows of more than TPR vectors, compiled into the same kernel,
-    spills 4-36 bytes with 4- or 8-byte vectors, several rows per CTA, ld.global.nc or .cg, or
-    the precise 1/sqrtf)."""
-    return (int(p["STAGE"]) == 0 and int(p["MAX_VECS"]) == 1 and int(p["VEC_BYTES"]) == 16
-            and int(p["CLUSTER"]) == 1 and int(p["TPR"]) == int(p["THREADS"]) and int(p["LOAD_HINT"]) in (0, 3, 4, 5)
-            and int(p["RSQRT_APPROX"]) == 1)
+    ``rmsnorm_lean`` path), no cluster, rsqrt.approx, any LOAD_HINT but 2 (nvcc 13.0, sm_90a,
+    every THREADS, TPR and VEC_BYTES; ld.global.cg spills 8 bytes with 16-byte vectors and
+    TPR <= 32, and the precise 1/sqrtf 8-68 bytes in many forms)."""
+    return (int(p["STAGE"]) == 0 and int(p["MAX_VECS"]) == 1 and int(p["CLUSTER"]) == 1
+            and int(p["RSQRT_APPROX"]) == 1 and int(p["LOAD_HINT"]) != 2)
 
 
 def _c_occupancy(p: Mapping[str, Any]) -> bool:
@@ -419,9 +416,9 @@ def forward_param_space() -> ParamSpace:
                        "threads ptxas has 32 per thread and spills)", _c_pipe_registers),
             Constraint("OCCUPANCY > 0: OCCUPANCY * THREADS <= 1024 (64 registers per thread or more) and, "
                        "outside STAGE 3, MAX_VECS * VEC_BYTES <= 32 (a larger register tile spills at 64); or "
-                       "OCCUPANCY * THREADS == 2048 (32 registers) with MAX_VECS 1, VEC_BYTES 16, CLUSTER 1, "
-                       "TPR == THREADS, LOAD_HINT 0, 3, 4 or 5, and STAGE 2 with PREFETCH 0 or STAGE 0 with "
-                       "RSQRT_APPROX 1 (the forms that do not spill there)",
+                       "OCCUPANCY * THREADS == 2048 (32 registers) with MAX_VECS 1 and CLUSTER 1, and either "
+                       "STAGE 2 with VEC_BYTES 16, TPR == THREADS, LOAD_HINT 0, 3, 4 or 5 and PREFETCH 0, or "
+                       "STAGE 0 with RSQRT_APPROX 1 and LOAD_HINT != 2 (the forms that do not spill there)",
                        _c_occupancy),
             Constraint("STAGE 3: MAX_VECS * VEC_BYTES <= 64 (the batch of loads it holds), or a register budget of "
                        "at least 128 (register_budget: OCCUPANCY or a persistent grid): at 64 registers 8 x 16 B "

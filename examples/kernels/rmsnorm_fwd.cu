@@ -697,44 +697,56 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
 #if STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1
 // STAGE 0 with one vector per thread and no cluster: each thread of a row's group loads at most
 // one vector of the row, keeps it in registers across the reduction and stores it normalised.
-// Rows of at most TPR vectors only, with x, y and the rows VEC_BYTES-aligned (a uniform test;
-// anything else takes the STAGE 2 path). Nothing but the vector, its offset and the row index
-// stays live across the reduction (32-bit row bytes: a row that fits TPR <= 1024 vectors is at
-// most 16 KB), so the form fits 32 registers per thread (2048 threads per SM): as many rows in
-// flight per SM as there are thread groups, each read once.
+// Rows of at most TPR vectors, with x, y and the rows VEC_BYTES-aligned (a uniform test). Nothing
+// but the vector, its 32-bit offset in the row and the row index stays live across the reduction
+// (a row that fits TPR <= 1024 vectors is at most 16 KB), so the form fits 32 registers per thread
+// (2048 threads per SM): as many rows in flight per SM as there are thread groups, each read once.
+// Longer rows are read twice (vectors, or elements when x, y or the rows are not aligned), with
+// as little kept as the lean path (the STAGE 2 path's head / body / tail split spills at 32).
 template <int DT>
 __device__ __forceinline__ void rmsnorm_lean(const void* __restrict__ x, const float* __restrict__ w,
-                                             void* __restrict__ y, int M, int N, float eps, float* red,
-                                             float* clp, unsigned char* buf) {
+                                             void* __restrict__ y, int M, int N, float eps, float* red) {
     constexpr int ESZ = ES<DT>::value;
     constexpr int E = VEC_BYTES / ESZ;
     const int tid = threadIdx.x;
     const int r = tid / TPR;
     const int t = tid % TPR;
     const unsigned row_bytes = static_cast<unsigned>(N) * ESZ;
-    const bool aligned =
-        ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) % VEC_BYTES) == 0;
+    const bool vec = ((reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(y)) %
+                      VEC_BYTES) == 0 && row_bytes % VEC_BYTES == 0;  // uniform over the grid
     const unsigned nv = row_bytes / VEC_BYTES;
-    if (!aligned || row_bytes % VEC_BYTES != 0 || nv > TPR) {  // uniform over the grid
-        rmsnorm_rows<DT, 2, 1>(x, w, y, M, N, eps, red, clp, reinterpret_cast<Vec*>(buf));
-        return;
-    }
-    const bool mine = static_cast<unsigned>(t) < nv;
+    const bool hold = vec && nv <= TPR;
     const float inv_n = __frcp_rn(static_cast<float>(N));
     const unsigned long long pol = load_policy();
-    const float* wt = w + t * E;
-    const unsigned col = static_cast<unsigned>(t) * VEC_BYTES;
     const unsigned step = gridDim.x * RPC;
     int it = 0;
     for (unsigned row0 = blockIdx.x * RPC; row0 < static_cast<unsigned>(M); row0 += step, ++it) {
         const unsigned row = row0 + r;
-        const bool valid = mine && row < static_cast<unsigned>(M);
-        const unsigned long long off = static_cast<unsigned long long>(row) * row_bytes + col;
-        Vec v;
+        const bool valid = row < static_cast<unsigned>(M);
+        const unsigned long long rb = static_cast<unsigned long long>(valid ? row : 0u) * row_bytes;
+        const char* xr = static_cast<const char*>(x) + rb;
+        char* yr = static_cast<char*>(y) + rb;
         float acc = 0.f;
-        if (valid) {
-            ld_vec(v, static_cast<const char*>(x) + off, pol);
-            acc = sumsq<DT>(v);
+        Vec v;
+        if (hold) {
+            if (valid && static_cast<unsigned>(t) < nv) {
+                ld_vec(v, xr + t * VEC_BYTES, pol);
+                acc = sumsq<DT>(v);
+            }
+        } else if (valid) {
+            if (vec) {
+                const unsigned long long keep = keep_policy(pol);
+                for (unsigned c = t * VEC_BYTES; c < row_bytes; c += TPR * VEC_BYTES) {
+                    Vec u;
+                    ld_vec_keep(u, xr + c, keep);
+                    acc += sumsq<DT>(u);
+                }
+            } else {
+                for (int j = t; j < N; j += TPR) {
+                    const float f = scalar_to_float<DT>(xr, j);
+                    acc = fmaf(f, f, acc);
+                }
+            }
         }
 #pragma unroll
         for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) acc += shfl_bfly(acc, o);
@@ -742,7 +754,18 @@ __device__ __forceinline__ void rmsnorm_lean(const void* __restrict__ x, const f
         acc = warps_sum(acc, red + (it & 1) * WARPS, r);
 #endif
         const float rstd = rsqrt_of(fmaf(acc, inv_n, eps));
-        if (valid) norm_store<DT>(v, wt, rstd, static_cast<char*>(y) + off);
+        if (!valid) continue;
+        if (hold) {
+            if (static_cast<unsigned>(t) < nv) norm_store<DT>(v, w + t * E, rstd, yr + t * VEC_BYTES);
+        } else if (vec) {
+            for (unsigned c = t * VEC_BYTES; c < row_bytes; c += TPR * VEC_BYTES) {
+                Vec u;
+                ld_vec(u, xr + c, pol);
+                norm_store<DT>(u, w + c / ESZ, rstd, yr + c);
+            }
+        } else {
+            for (int j = t; j < N; j += TPR) float_to_scalar<DT>(yr, j, (scalar_to_float<DT>(xr, j) * rstd) * __ldg(w + j));
+        }
     }
 }
 #endif
@@ -1225,11 +1248,11 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
         rmsnorm_rowtile<2>(x, w, y, M, N, eps, red, clp, dsmem);
 #elif STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1
     if (dtype_code == 0)
-        rmsnorm_lean<0>(x, w, y, M, N, eps, red, clp, dsmem);
+        rmsnorm_lean<0>(x, w, y, M, N, eps, red);
     else if (dtype_code == 1)
-        rmsnorm_lean<1>(x, w, y, M, N, eps, red, clp, dsmem);
+        rmsnorm_lean<1>(x, w, y, M, N, eps, red);
     else
-        rmsnorm_lean<2>(x, w, y, M, N, eps, red, clp, dsmem);
+        rmsnorm_lean<2>(x, w, y, M, N, eps, red);
 #else
     Vec* dstage = reinterpret_cast<Vec*>(dsmem);
     if (dtype_code == 0)

@@ -67,8 +67,10 @@ def _corner_cases() -> list[dict]:
         out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=1,
                         OCCUPANCY=2048 // threads, LOAD_HINT=hint, STORE_HINT=2, RSQRT_APPROX=0))
     # STAGE 0 with one vector per thread at 32 registers (the lean path and its STAGE 2 fallback)
-    for threads, hint, store in ((1024, 5, 0), (512, 0, 1), (256, 4, 2), (128, 3, 1), (64, 5, 1)):
-        out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=1, VEC_BYTES=16, STAGE=0, CLUSTER=1,
+    for threads, tpr, vec, hint, store in ((1024, 1024, 16, 5, 0), (512, 512, 16, 0, 1), (256, 256, 16, 4, 2),
+                                           (128, 128, 16, 3, 1), (64, 64, 16, 5, 1), (256, 32, 16, 1, 1),
+                                           (1024, 16, 16, 5, 1), (64, 4, 4, 0, 0), (512, 64, 8, 3, 2)):
+        out.append(dict(base, THREADS=threads, TPR=tpr, MAX_VECS=1, VEC_BYTES=vec, STAGE=0, CLUSTER=1,
                         OCCUPANCY=2048 // threads, LOAD_HINT=hint, STORE_HINT=store, RSQRT_APPROX=1))
     # STAGE 2 with PREFETCH (a second vector of x in flight): 64 registers, with and without a cluster
     for threads, occ, cluster, hint in ((1024, 0, 1, 5), (512, 2, 4, 3), (256, 4, 1, 4), (128, 8, 1, 0)):
@@ -98,20 +100,18 @@ def test_lean_reread_rule_is_needed(tmp_path: Path, change: dict) -> None:
     assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(params), tmp_path)) > 0
 
 
-@pytest.mark.parametrize("change", [{"TPR": 32}, {"VEC_BYTES": 8}, {"VEC_BYTES": 4}, {"LOAD_HINT": 1},
-                                    {"LOAD_HINT": 2}, {"RSQRT_APPROX": 0}],
-                         ids=["rows-per-cta", "vec8", "vec4", "ld-nc", "ld-cg", "precise-rsqrt"])
+@pytest.mark.parametrize("change", [{"LOAD_HINT": 2}, {"RSQRT_APPROX": 0}], ids=["ld-cg", "precise-rsqrt"])
 def test_lean_regs_rule_is_needed(tmp_path: Path, change: dict) -> None:
     """What the 2048-thread STAGE 0 rule (one vector per thread) forbids does spill."""
     base = dict(make_forward_problem().seeds[0].params)
-    lean = dict(base, THREADS=256, TPR=256, MAX_VECS=1, VEC_BYTES=16, STAGE=0, CLUSTER=1, OCCUPANCY=8,
-                LOAD_HINT=5, STORE_HINT=0, RSQRT_APPROX=1)
+    lean = dict(base, THREADS=1024, TPR=32, MAX_VECS=1, VEC_BYTES=16, STAGE=0, CLUSTER=1, OCCUPANCY=2,
+                LOAD_HINT=5, STORE_HINT=1, RSQRT_APPROX=1)
     space = forward_param_space()
     assert space.is_valid(lean)
     assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(lean), tmp_path)) == 0
     params = dict(lean, **change)
     assert not space.is_valid(params)
-    assert space.is_valid(dict(params, OCCUPANCY=4))  # 64 registers
+    assert space.is_valid(dict(params, OCCUPANCY=0))  # no launch bound: ptxas takes what it needs
     assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(params), tmp_path)) > 0
 
 

@@ -298,17 +298,15 @@ def test_rowtile_whole_steps_and_rest(m: int) -> None:
 
 def emulate_lean(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0, y_off: int = 0,
                  eps: float = 1e-6, paths: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """rmsnorm_lean (STAGE 0, MAX_VECS 1, no cluster): thread t of a row's group holds the row's
-    vector t when x, y and the rows are VEC_BYTES-aligned and the row has at most TPR vectors; any
-    other launch takes the STAGE 2 path (the index logic of :func:`emulate`)."""
+    """rmsnorm_lean (STAGE 0, MAX_VECS 1, no cluster). When x, y and the rows are VEC_BYTES-aligned,
+    thread t of a row's group holds the row's vector t if the row has at most TPR vectors ("hold"),
+    else reads vectors t, t + TPR, ... twice ("vec"); otherwise elements t, t + TPR, ... ("scalar")."""
     m, n = x.shape
     vb, tpr, threads = p["VEC_BYTES"], p["TPR"], p["THREADS"]
     row_bytes = n * esz
+    vec = (x_off | y_off) % vb == 0 and row_bytes % vb == 0
     nv = row_bytes // vb
-    if (x_off | y_off) % vb or row_bytes % vb or nv > tpr:  # uniform over the grid
-        if paths is not None:
-            paths["fallback"] = paths.get("fallback", 0) + 1
-        return emulate(x, w, p, esz, x_off, y_off, eps)
+    path = "hold" if vec and nv <= tpr else "vec" if vec else "scalar"
     e = vb // esz
     rpc = threads // tpr
     grid = fwd_launch(p, Case({"M": m, "N": n}, {4: "float32", 2: "bfloat16"}[esz]), None).grid[0]
@@ -321,14 +319,24 @@ def emulate_lean(x: np.ndarray, w: np.ndarray, p: dict, esz: int, x_off: int = 0
                 row = row0 + r
                 if row >= m:
                     continue
-                cols = np.concatenate([np.arange(t * e, t * e + e) for t in range(tpr) if t < nv])
+                cols_l: list[int] = []
+                for t in range(tpr):
+                    if path == "hold":
+                        if t < nv:
+                            cols_l.extend(range(t * e, t * e + e))
+                    elif path == "vec":
+                        for c in range(t * vb, row_bytes, tpr * vb):
+                            cols_l.extend(range(c // esz, c // esz + e))
+                    else:
+                        cols_l.extend(range(t, n, tpr))
+                cols = np.array(cols_l, dtype=int)
                 xs = x[row].astype(np.float64)
                 rstd = 1.0 / np.sqrt((xs[cols] ** 2).sum() / n + eps)
                 y[row, cols] = xs[cols] * rstd * w[cols]
                 np.add.at(writes[row], cols, 1)
             row0 += grid * rpc
     if paths is not None:
-        paths["lean"] = paths.get("lean", 0) + 1
+        paths[path] = paths.get(path, 0) + 1
     return y, writes
 
 
@@ -344,20 +352,22 @@ LEAN_SHAPES = [(1, 8), (3, 16), (9, 256), (37, 64), (5, 40), (2, 1000), (4, 1032
 @pytest.mark.parametrize("esz", [2, 4])
 @pytest.mark.parametrize("offs", [(0, 0), (4, 4), (2, 6)])
 def test_lean_every_element_once(p: dict, esz: int, offs: tuple[int, int]) -> None:
-    """STAGE 0 with one vector per thread, and its fallback for long, unaligned or odd rows."""
+    """STAGE 0 with one vector per thread, and its two passes for long, unaligned or odd rows."""
     if esz == 4 and offs[0] % 4:
         pytest.skip("a float32 buffer is always 4-byte aligned")
     check_every_element_once(emulate_lean, p, esz, offs, LEAN_SHAPES, seed=4)
 
 
 def test_lean_takes_the_fast_path_where_it_should() -> None:
-    """Aligned rows of at most TPR vectors run the lean path; a longer row or an odd N the fallback."""
+    """Aligned rows of at most TPR vectors are held; longer aligned rows are read twice by vectors,
+    odd N and unaligned views by elements."""
     p = LEAN_CONFIGS[0]  # 256 threads of one 16-byte vector: up to 2K 16-bit elements per row
     rng = np.random.default_rng(5)
-    for n, path in ((2048, "lean"), (2056, "fallback"), (2047, "fallback"), (8, "lean")):
+    for n, offs, path in ((2048, (0, 0), "hold"), (2056, (0, 0), "vec"), (2047, (0, 0), "scalar"),
+                          (8, (0, 0), "hold"), (2048, (2, 2), "scalar")):
         paths: dict = {}
         x, w = rng.standard_normal((3, n)), rng.standard_normal(n)
-        emulate_lean(x, w, p, 2, paths=paths)
+        emulate_lean(x, w, p, 2, *offs, paths=paths)
         assert paths == {path: 1}, (n, paths)
 
 

@@ -229,14 +229,16 @@ and rows longer than that (its STAGE 2 fallback), for THREADS from 64 to 1024.""
 @pytest.mark.parametrize("offsets", [None, {"x": 1, "y": 1}, {"w": 1}], ids=["aligned", "x-y-off", "w-off"])
 def test_forward_lean_one_vector(cuda_device, offsets: dict[str, int] | None) -> None:
     """STAGE 0 with one vector per thread (rmsnorm_lean): at 32 registers (2048 threads per SM) with
-    every load hint the rule admits, at 64 with ld.global.nc, several rows per CTA and 8-byte
-    vectors; rows it holds, longer rows, odd N and views off the 16-byte grid (the fallback)."""
+    every load hint the rule admits, one or several rows per CTA, 4- to 16-byte vectors; without
+    launch bounds with ld.global.cg and the precise rsqrt; a persistent grid. Rows it holds, longer
+    rows (two passes by vectors), odd N and views off the 16-byte grid (two passes by elements)."""
     prob = make_forward_problem()
     base = dict(prob.seeds[0].params, STAGE=0, MAX_VECS=1, CLUSTER=1, PERSISTENT=0, VEC_BYTES=16, RSQRT_APPROX=1)
-    params = [dict(base, THREADS=t, TPR=t, OCCUPANCY=2048 // t, LOAD_HINT=h, STORE_HINT=sh)
-              for t, h, sh in ((64, 5, 1), (128, 0, 0), (256, 4, 1), (512, 3, 2), (1024, 5, 1))]
-    params += [dict(base, THREADS=256, TPR=32, OCCUPANCY=4, LOAD_HINT=1, STORE_HINT=1),
-               dict(base, THREADS=128, TPR=64, OCCUPANCY=0, VEC_BYTES=8, LOAD_HINT=0, STORE_HINT=0, RSQRT_APPROX=0),
+    params = [dict(base, THREADS=t, TPR=tpr, VEC_BYTES=vb, OCCUPANCY=2048 // t, LOAD_HINT=h, STORE_HINT=sh)
+              for t, tpr, vb, h, sh in ((64, 64, 16, 5, 1), (128, 128, 16, 0, 0), (256, 256, 16, 4, 1),
+                                        (512, 512, 16, 3, 2), (1024, 1024, 16, 5, 1), (256, 32, 16, 1, 1),
+                                        (1024, 16, 8, 4, 1), (64, 4, 4, 0, 0))]
+    params += [dict(base, THREADS=128, TPR=64, OCCUPANCY=0, VEC_BYTES=8, LOAD_HINT=2, STORE_HINT=0, RSQRT_APPROX=0),
                dict(base, THREADS=512, TPR=512, OCCUPANCY=0, PERSISTENT=2, LOAD_HINT=3, STORE_HINT=1)]
     for p in params:
         assert prob.params.is_valid(p), p
