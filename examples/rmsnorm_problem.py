@@ -582,7 +582,10 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
      "OCCUPANCY": 8, "WSMEM": 0, "PREFETCH": 0},
     # STAGE 0 with one 16-byte vector per thread (the kernel's lean path) at 32 registers, 2048
     # threads per SM, one row per CTA of 64 to 1024 threads: each holds a whole row of 1 KB to 16 KB
-    # (16-bit 512 to 8K, fp32 256 to 4K), read once, as many rows in flight per SM as CTAs
+    # (16-bit 512 to 8K, fp32 256 to 4K), read once, as many rows in flight per SM as CTAs. On the
+    # H100 (rmsnorm_sweep-2026-12-06-s23-h100-lean.md) the 128-thread form reached 0.956 / 0.960 of
+    # copy at 16-bit 1K against 0.962 / 0.963 for run 25's champion (0.972 with LOAD_HINT 3), the
+    # 512-thread one 1.003 at fp32 4K, and won that case in search run 26
     *({"THREADS": t, "TPR": t, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
        "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
        "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 0} for t in (64, 128, 256, 512, 1024)),
