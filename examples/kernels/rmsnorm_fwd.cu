@@ -471,6 +471,18 @@ __device__ __forceinline__ float warps_sum(float acc, float* rb, int r) {
 }
 #endif
 
+// The sum of `acc` over the TPR threads of row group r, in every one of them: shuffles within the
+// warp, then (TPR > 32) the row's warps through `red` (2 * WARPS floats, buffer `k & 1`, so a
+// reduction never overwrites the partials the previous one may still be reading).
+__device__ __forceinline__ float row_sum(float acc, float* red, int r, int k) {
+#pragma unroll
+    for (int off = (TPR < 32 ? TPR : 32) / 2; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
+#if TPR > 32
+    acc = warps_sum(acc, red + (k & 1) * WARPS, r);
+#endif
+    return acc;
+}
+
 // 1 / sqrt(ms): rsqrt.approx.ftz.f32 or the precise form (RSQRT_APPROX).
 __device__ __forceinline__ float rsqrt_of(float ms) {
 #if RSQRT_APPROX
@@ -617,11 +629,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
         }
 
         // ---- reduce over the row: lanes, then warps of the row, then CTAs of the cluster
-#pragma unroll
-        for (int off = (TPR < 32 ? TPR : 32) / 2; off > 0; off >>= 1) acc += shfl_bfly(acc, off);
-#if TPR > 32
-        acc = warps_sum(acc, red + (it & 1) * WARPS, r);
-#endif
+        acc = row_sum(acc, red, r, it);
 #if CLUSTER > 1
         {
             float* cb = clp + (it & 1);
@@ -748,11 +756,7 @@ __device__ __forceinline__ void rmsnorm_lean(const void* __restrict__ x, const f
                 }
             }
         }
-#pragma unroll
-        for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) acc += shfl_bfly(acc, o);
-#if TPR > 32
-        acc = warps_sum(acc, red + (it & 1) * WARPS, r);
-#endif
+        acc = row_sum(acc, red, r, it);
         const float rstd = rsqrt_of(fmaf(acc, inv_n, eps));
         if (!valid) continue;
         if (hold) {
@@ -1228,7 +1232,9 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
     rmsnorm_fwd(const void* __restrict__ x, const float* __restrict__ w, void* __restrict__ y, int M, int N,
                 float eps, int dtype_code) {
     __shared__ float red[2 * WARPS];
+#if !(STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1)  // the lean path has no cluster exchange
     __shared__ float clp[2];
+#endif
     extern __shared__ __align__(128) unsigned char dsmem[];
 #if STAGE == 3
     __shared__ float rowsum[2 * XROWS * CLUSTER];
