@@ -36,7 +36,7 @@ from typing import Any
 
 from evo.types import Case, Problem, Record, Status
 
-__all__ = ["ExportError", "best_per_case", "export_module"]
+__all__ = ["ExportError", "best_per_case", "export_module", "top_per_case"]
 
 log = logging.getLogger(__name__)
 
@@ -51,18 +51,10 @@ def _records(source: Any) -> Iterable[Record]:
     return source
 
 
-def best_per_case(source: Any, problem: Problem | None = None) -> dict[str, Record]:
-    """The fastest OK record for each case key.
-
-    Args:
-        source: An Archive (anything with ``records(status)``) or an iterable of Records.
-        problem: If given, only its timed cases are kept.
-
-    Returns:
-        Case key (e.g. ``"M=32768,N=4096:bfloat16"``) -> Record, in case-key order.
-    """
+def _case_times(source: Any, problem: Problem | None) -> dict[str, list[tuple[float, Record]]]:
+    """Case key -> (time, record) of every OK record timed on it (the Problem's timed cases only)."""
     wanted = {c.key for c in problem.timed_cases()} if problem is not None else None
-    best: dict[str, tuple[float, Record]] = {}
+    out: dict[str, list[tuple[float, Record]]] = {}
     for rec in _records(source):
         if rec.status is not Status.OK:
             continue
@@ -73,9 +65,63 @@ def best_per_case(source: Any, problem: Problem | None = None) -> dict[str, Reco
             t = m.get("time_ms") if isinstance(m, Mapping) else None
             if t is None or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
                 continue
-            if key not in best or t < best[key][0]:
-                best[key] = (float(t), rec)
-    return {k: best[k][1] for k in sorted(best)}
+            out.setdefault(key, []).append((float(t), rec))
+    return out
+
+
+def top_per_case(source: Any, problem: Problem | None = None, k: int = 3,
+                 within: float | None = None) -> dict[str, list[Record]]:
+    """The ``k`` fastest OK records (distinct genomes) of each case, fastest first.
+
+    The candidates for a confirmation run: at a few per cent apart the search's own timings
+    (short warm-up, raced cases, one call each) can rank genomes differently from a longer,
+    side-by-side measurement, so a benchmark may re-time these and export the winner
+    (:func:`export_module`'s ``choices``).
+
+    Args:
+        source: An Archive (anything with ``records(status)``) or an iterable of Records.
+        problem: If given, only its timed cases are kept.
+        k: Records per case at most (>= 1).
+        within: If given, only records whose time is within this fraction of the case's
+            fastest (0.05: at most 5% slower).
+
+    Returns:
+        Case key -> records, in case-key order.
+
+    Raises:
+        ValueError: ``k`` < 1 or ``within`` negative.
+    """
+    if k < 1:
+        raise ValueError(f"top_per_case: k must be 1 or more (got {k})")
+    if within is not None and not within >= 0:
+        raise ValueError(f"top_per_case: within must be a fraction >= 0 (got {within})")
+    out: dict[str, list[Record]] = {}
+    for key, timed in sorted(_case_times(source, problem).items()):
+        timed.sort(key=lambda tr: tr[0])
+        best = timed[0][0]
+        picked: list[Record] = []
+        seen: set[str] = set()
+        for t, rec in timed:
+            if len(picked) == k or (within is not None and t > best * (1 + within)):
+                break
+            if rec.genome.id not in seen:
+                seen.add(rec.genome.id)
+                picked.append(rec)
+        out[key] = picked
+    return out
+
+
+def best_per_case(source: Any, problem: Problem | None = None) -> dict[str, Record]:
+    """The fastest OK record for each case key.
+
+    Args:
+        source: An Archive (anything with ``records(status)``) or an iterable of Records.
+        problem: If given, only its timed cases are kept.
+
+    Returns:
+        Case key (e.g. ``"M=32768,N=4096:bfloat16"``) -> Record, in case-key order.
+    """
+    return {key: recs[0] for key, recs in top_per_case(source, problem, k=1).items()}
 
 
 def _qualname(fn: Any, what: str) -> list[str]:
@@ -310,7 +356,8 @@ def _binaries(genomes: list[dict[str, Any]], problem: Problem, backend: str,
 
 
 def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code: str = "",
-                  binaries: bool = True, backend: str = "nvcc", use_cache: bool = True) -> Path:
+                  binaries: bool = True, backend: str = "nvcc", use_cache: bool = True,
+                  choices: Mapping[str, Record] | None = None) -> Path:
     """Write a dispatch module holding the best genome per timed case.
 
     Args:
@@ -325,17 +372,30 @@ def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code
             GPU it runs on (cupy's options, e.g. ``-ftz=true``), which can be slower.
         backend: The gate's compile backend, ``"nvcc"`` (the Evaluator's default) or ``"nvrtc"``.
         use_cache: Look the cubins up in (and add them to) the compile cache the Evaluator uses.
+        choices: Case key -> the record to dispatch there instead of the fastest by the
+            records' own timings (e.g. the winner of a side-by-side re-timing of
+            :func:`top_per_case`'s candidates); cases it leaves out keep the fastest.
 
     Returns:
         The written path.
 
     Raises:
         ExportError: No OK record has a timed case, the Problem's callables are not
-            importable by name, or (``binaries``) a genome does not compile here.
+            importable by name, (``binaries``) a genome does not compile here, or a choice
+            names a case the records do not time or a record that is not OK and timed there.
     """
     best = best_per_case(source, problem)
     if not best:
         raise ExportError("no OK record with timed cases to export: run the search first (or check the archive path)")
+    for key, rec in (choices or {}).items():
+        if key not in best:
+            raise ExportError(f"choices: case {key!r} is not a timed case of these records "
+                              f"(timed: {', '.join(sorted(best)[:4])}{', ...' if len(best) > 4 else ''})")
+        m = (rec.evaluation.metrics.get("cases") or {}).get(key) if rec.status is Status.OK else None
+        if not isinstance(m, Mapping) or not isinstance(m.get("time_ms"), (int, float)):
+            raise ExportError(f"choices: record {rec.genome.id[:12]} for {key!r} is not an OK record timed on "
+                              "that case (choose among top_per_case's candidates)")
+        best[key] = rec
     funcs = {"launch": _qualname(problem.launch, "launch")}
     if problem.scalars is not None:
         funcs["scalars"] = _qualname(problem.scalars, "scalars")

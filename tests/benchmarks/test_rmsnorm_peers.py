@@ -340,3 +340,53 @@ def test_parse_table_reads_each_cells_fraction_of_copy() -> None:
     assert t.copy[("bfloat16", 256, "quack")] is None
     assert t.copy[("float32", 8192, "evo (ours)")] == 1.01
     assert t.copy[("float32", 8192, "quack")] == 1.0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--confirm", "3"], "give --archive"),
+    (["--confirm", "3", "--archive", "a.lmdb", "--module", "m.py"], "give --archive"),
+    (["--confirm", "1", "--archive", "a.lmdb"], "2 or more candidates"),
+    (["--confirm", "2", "--archive", "a.lmdb", "--backward"], "forward genomes only"),
+    (["--confirm", "2", "--archive", "a.lmdb", "--resume"], "cannot --resume"),
+])
+def test_confirm_arguments_are_checked_before_any_gpu_work(argv: list[str], message: str,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        rmsnorm_peers.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_fastest_candidate_by_median_of_rounds_and_its_table_row() -> None:
+    rounds = {"aaaa": [(0.0920, 0.001), (0.0915, 0.001)], "bbbb": [(0.0890, 0.002), (0.0930, 0.001)],
+              "cccc": [(0.0905, 0.001)]}
+    # medians: aaaa 0.09175, bbbb 0.0910, cccc 0.0905
+    assert rmsnorm_peers.fastest(rounds) == "cccc"
+    assert rmsnorm_peers.fastest({"x": [(1.0, 0.0)], "y": [(1.0, 0.0)]}) == "x"  # a tie: the first
+    with pytest.raises(ValueError, match="no candidate"):
+        rmsnorm_peers.fastest({})
+    row = rmsnorm_peers.confirm_line("M=32768,N=2048:float16", ["aaaa", "bbbb", "dddd"],
+                                     {k: v for k, v in rounds.items() if k != "cccc"},
+                                     {"aaaa": 0.0910, "bbbb": 0.0913, "dddd": 0.0912}, "bbbb")
+    assert row.startswith("| M=32768,N=2048:float16 | `aaaa` 0.0917 (")
+    assert "**`bbbb` 0.0910 (" in row and "search 0.0913)**" in row
+    assert "`dddd` FAILED" in row
+
+
+def test_export_candidates_writes_one_module_per_distinct_genome(tmp_path: Path) -> None:
+    from evo.types import Evaluation, Record, Status
+    from examples.rmsnorm_problem import make_forward_problem
+
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}, {"M": 64, "N": 2048}], dtypes=["bfloat16"])
+    k1, k2 = "M=64,N=256:bfloat16", "M=64,N=2048:bfloat16"
+
+    def rec(vecs: int, times: dict[str, float]) -> Record:
+        cases = {k: {"time_ms": t, "fraction": 0.5} for k, t in times.items()}
+        return Record(prob.seeds[0].with_params(MAX_VECS=vecs), Evaluation(Status.OK, fitness=1.0, metrics={"cases": cases}))
+
+    a, b, c = rec(1, {k1: 0.010, k2: 0.100}), rec(2, {k1: 0.0102, k2: 0.099}), rec(4, {k1: 0.02, k2: 0.1})
+    top, paths = rmsnorm_peers.export_candidates([a, b, c], prob, 3, tmp_path / "cands", binaries=False)
+    assert [r.id for r in top[k1]] == [a.id, b.id]  # c is 2x slower there: not a candidate
+    assert [r.id for r in top[k2]] == [b.id, a.id, c.id]
+    assert set(paths) == {a.id, b.id, c.id} and all(p.parent == tmp_path / "cands" for p in paths.values())
+    mod = rmsnorm_peers.import_dispatch(paths[b.id])
+    assert {g["id"] for g in mod.GENOMES} == {b.id}  # each module dispatches its one genome everywhere

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evo.export import ExportError, best_per_case, export_module
+from evo.export import ExportError, best_per_case, export_module, top_per_case
 from evo.types import Evaluation, Record, Status
 from examples.rmsnorm_problem import make_forward_problem
 
@@ -46,6 +46,44 @@ def test_export_dispatches_on_n(tmp_path: Path) -> None:
             mod.select({"M": 1, "N": 1}, "float32")
     finally:
         sys.modules.pop("rms_dispatch", None)
+
+
+def test_top_per_case_ranks_distinct_genomes_within_a_margin() -> None:
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}, {"M": 64, "N": 2048}], dtypes=["bfloat16"])
+    k1, k2 = "M=64,N=256:bfloat16", "M=64,N=2048:bfloat16"
+    a = _rec(prob, {"MAX_VECS": 1}, {k1: 0.010, k2: 0.100})
+    b = _rec(prob, {"MAX_VECS": 2}, {k1: 0.011, k2: 0.098})
+    c = _rec(prob, {"MAX_VECS": 4}, {k1: 0.020, k2: 0.099})
+    again = _rec(prob, {"MAX_VECS": 1}, {k1: 0.0105})  # the same genome re-scored: counted once
+    failed = Record(prob.seeds[1], Evaluation.failure(Status.INCORRECT, "wrong"))
+    top = top_per_case([a, b, c, again, failed], prob, k=3)
+    assert list(top) == [k2, k1]  # case-key order
+    assert [r.id for r in top[k1]] == [a.id, b.id, c.id]
+    assert [r.id for r in top[k2]] == [b.id, c.id, a.id]
+    assert [r.id for r in top_per_case([a, b, c], prob, k=3, within=0.15)[k1]] == [a.id, b.id]
+    assert [r.id for r in top_per_case([a, b, c], prob, k=2)[k2]] == [b.id, c.id]
+    assert {k: r.id for k, r in best_per_case([a, b, c], prob).items()} == {k1: a.id, k2: b.id}
+    with pytest.raises(ValueError, match="k must be 1 or more"):
+        top_per_case([a], prob, k=0)
+    with pytest.raises(ValueError, match="within must be"):
+        top_per_case([a], prob, within=-0.1)
+
+
+def test_export_dispatches_the_chosen_record(tmp_path: Path) -> None:
+    """``choices`` overrides the fastest record of a case (a side-by-side re-timing's winner)."""
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}, {"M": 64, "N": 2048}], dtypes=["bfloat16"])
+    k1, k2 = "M=64,N=256:bfloat16", "M=64,N=2048:bfloat16"
+    a = _rec(prob, {"MAX_VECS": 1}, {k1: 0.010, k2: 0.100})
+    b = _rec(prob, {"MAX_VECS": 2}, {k1: 0.011, k2: 0.098})
+    path = export_module([a, b], prob, tmp_path / "chosen.py", binaries=False, choices={k2: a})
+    mod = _load(path, "chosen_dispatch")
+    assert {g["case"]: g["id"] for g in mod.GENOMES} == {k1: a.id, k2: a.id}
+    with pytest.raises(ExportError, match="not a timed case"):
+        export_module([a, b], prob, tmp_path / "x.py", binaries=False, choices={"M=1,N=8:bfloat16": a})
+    untimed = _rec(prob, {"MAX_VECS": 4}, {k1: 0.02})
+    with pytest.raises(ExportError, match="not an OK record timed on that case"):
+        export_module([a, b, untimed], prob, tmp_path / "x.py", binaries=False, choices={k2: untimed})
+    assert not (tmp_path / "x.py").exists()
 
 
 def test_export_nothing_raises(tmp_path: Path) -> None:
