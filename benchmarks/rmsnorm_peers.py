@@ -628,6 +628,20 @@ def confirm_line(case: str, ids: list[str], rounds: dict[str, list[tuple[float, 
     return f"| {case} | " + " | ".join(cells) + " |"
 
 
+def open_forward_archive(path: str, problem_name: str) -> Any:
+    """The archive at ``path``, read-only (``--confirm`` writes nothing into it), after checking
+    that it holds records of the forward Problem ``problem_name``."""
+    from archive import Archive
+
+    arch = Archive.open_readonly(path)
+    name = arch.header.get("problem", {}).get("name")
+    if name != problem_name:
+        arch.close()
+        raise SystemExit(f"--confirm: {path} holds records of problem {name!r}, not {problem_name!r} "
+                         "(give the archive of a forward search, examples/rmsnorm_h100.py without --backward)")
+    return arch
+
+
 def export_candidates(source: Any, prob: Any, k: int, cand_dir: Path,
                       binaries: bool = True) -> tuple[dict[str, list[Any]], dict[str, Path]]:
     """``--confirm``'s candidates: :func:`evo.export.top_per_case` (within :data:`CONFIRM_WITHIN`)
@@ -655,14 +669,13 @@ def confirm_choices(archive_path: str, k: int, cases: list[tuple[str, int, int]]
     """
     import torch
 
-    from archive import Archive
     from evo.export import export_module
     from evo.types import Case
     from examples.rmsnorm_problem import make_forward_problem
     from fitness import rotation_sets
 
     prob = make_forward_problem()
-    arch = Archive(prob, archive_path)
+    arch = open_forward_archive(archive_path, prob.name)
     try:
         top, paths = export_candidates(arch, prob, k, Path(archive_path).with_suffix(".candidates"))
         calls = {gid: holding(module_call(import_dispatch(path))) for gid, path in paths.items()}

@@ -390,3 +390,24 @@ def test_export_candidates_writes_one_module_per_distinct_genome(tmp_path: Path)
     assert set(paths) == {a.id, b.id, c.id} and all(p.parent == tmp_path / "cands" for p in paths.values())
     mod = rmsnorm_peers.import_dispatch(paths[b.id])
     assert {g["id"] for g in mod.GENOMES} == {b.id}  # each module dispatches its one genome everywhere
+
+
+def test_confirm_opens_the_archive_read_only_and_checks_its_problem(tmp_path: Path) -> None:
+    from archive import Archive
+    from evo.types import Evaluation, Record, Status
+    from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
+
+    fwd = make_forward_problem()
+    arch = Archive(fwd, tmp_path / "fwd.lmdb")
+    arch.add(Record(fwd.seeds[0], Evaluation(Status.OK, fitness=1.0, resources={"registers": 40},
+                                             metrics={"cases": {"M=32768,N=256:bfloat16": {"time_ms": 0.01}}})))
+    arch.close()
+    ro = rmsnorm_peers.open_forward_archive(str(tmp_path / "fwd.lmdb"), fwd.name)
+    try:
+        assert ro.readonly and len(list(ro.records())) == 1
+    finally:
+        ro.close()
+    bwd = make_backward_problem()
+    Archive(bwd, tmp_path / "bwd.lmdb").close()
+    with pytest.raises(SystemExit, match="not 'rmsnorm_fwd"):
+        rmsnorm_peers.open_forward_archive(str(tmp_path / "bwd.lmdb"), fwd.name)
