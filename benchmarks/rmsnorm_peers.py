@@ -94,14 +94,14 @@ COPY_FLOOR_LONG = 0.97
 
 
 WARMUP_MS = 300.0
-CONFIRM_WITHIN = 0.05
-"""``--confirm``: only genomes whose search time on a case is within this fraction of the fastest
-are re-timed there (farther ones are not plausibly faster)."""
 """Warm-up before each provider's timed batches. The fitness default (10 ms) suits the
 Evaluator, whose GPU never idles between genomes; here a provider often starts after the
 GPU idled (inputs being made, torch.compile or QuACK compiling), and on the H100 the first
 two or three timings after such a pause (about 200-300 ms of work) ran 1.6-3% slower
 (twenty-first session)."""
+CONFIRM_WITHIN = 0.05
+"""``--confirm``: only genomes whose search time on a case is within this fraction of the fastest
+are re-timed there (farther ones are not plausibly faster)."""
 
 
 def bench(make_call: Callable[[Any, Any], Callable[[], Any]], xs: list[Any], w: Any,
