@@ -164,6 +164,8 @@
 #endif
 
 #define RPC (THREADS / TPR)
+// STAGE 0 with one vector per thread and no cluster runs rmsnorm_lean
+#define LEAN (STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1)
 // STAGE 3: rows per tile at most (a cluster's exchange holds 64 partial sums per tile)
 #if CLUSTER > 1 && TILE_ROWS > 64 / CLUSTER
 #define XROWS (64 / CLUSTER)
@@ -702,7 +704,7 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
 
 // ----------------------------------------------------------------------------- STAGE 0, one vector
 
-#if STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1
+#if LEAN
 // STAGE 0 with one vector per thread and no cluster: each thread of a row's group loads at most
 // one vector of the row, keeps it in registers across the reduction and stores it normalised.
 // Rows of at most TPR vectors, with x, y and the rows VEC_BYTES-aligned (a uniform test). Nothing
@@ -1232,7 +1234,7 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
     rmsnorm_fwd(const void* __restrict__ x, const float* __restrict__ w, void* __restrict__ y, int M, int N,
                 float eps, int dtype_code) {
     __shared__ float red[2 * WARPS];
-#if !(STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1)  // the lean path has no cluster exchange
+#if !LEAN  // the lean path has no cluster exchange
     __shared__ float clp[2];
 #endif
     extern __shared__ __align__(128) unsigned char dsmem[];
@@ -1252,7 +1254,7 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
         rmsnorm_rowtile<1>(x, w, y, M, N, eps, red, clp, dsmem);
     else
         rmsnorm_rowtile<2>(x, w, y, M, N, eps, red, clp, dsmem);
-#elif STAGE == 0 && MAX_VECS == 1 && CLUSTER == 1
+#elif LEAN
     if (dtype_code == 0)
         rmsnorm_lean<0>(x, w, y, M, N, eps, red);
     else if (dtype_code == 1)
