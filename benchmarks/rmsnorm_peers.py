@@ -607,6 +607,47 @@ def copy_ceiling_tbs() -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
 
 
+def input_sets(dtype: str, m: int, n: int, l2: int, arrays: int) -> list[Any]:
+    """Random M x N inputs of ``dtype`` on the GPU, as many sets as :func:`fitness.rotation_sets`
+    asks for so that one round of calls exceeds 3x L2, a set holding ``arrays`` such arrays (x and
+    y: 2) and all of them at most 40% of the free memory."""
+    import torch
+
+    from fitness import rotation_sets
+
+    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[dtype]
+    per_set = arrays * m * n * (torch.finfo(dt).bits // 8)
+    sets = rotation_sets(l2, per_set, most=16, fit=int(0.4 * torch.cuda.mem_get_info()[0] // per_set))
+    return [torch.randn(m, n, device="cuda", dtype=dt) for _ in range(sets)]
+
+
+def time_rounds(names: list[str], timer: Callable[[str], tuple[float, float]], case_index: int, rounds: int,
+                label: str, recover: Callable[[], Any]) -> tuple[dict[str, list[tuple[float, float]]], dict[str, str]]:
+    """``timer(name)`` ((ms, spread)) for every name, ``rounds`` times, each round in :func:`timing_order`.
+
+    A name whose timer raises is timed no more: its error class goes into the second dict, the
+    message (with ``label``, e.g. the case) to stderr, and ``recover`` runs (a device sync, so
+    the next name does not inherit the error; if that raises too, the context is poisoned and
+    every later timing fails on its own). Returns (name -> its rounds' results, name -> error).
+    """
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    failed: dict[str, str] = {}
+    for r in range(rounds):
+        for name in timing_order(names, case_index, r):
+            if name in failed:
+                continue
+            try:
+                results[name].append(timer(name))
+            except Exception as e:  # noqa: BLE001 - shown, never dropped
+                failed[name] = type(e).__name__
+                print(f"  {name} {label}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+                try:
+                    recover()
+                except Exception:  # noqa: BLE001 - a poisoned context fails every later timing too
+                    pass
+    return results, failed
+
+
 def fastest(rounds: dict[str, list[tuple[float, float]]]) -> str:
     """The candidate with the lowest median over its rounds (:func:`combine_rounds`); ties: the first."""
     if not rounds:
@@ -672,14 +713,12 @@ def confirm_choices(archive_path: str, k: int, cases: list[tuple[str, int, int]]
     from evo.export import export_module
     from evo.types import Case
     from examples.rmsnorm_problem import make_forward_problem
-    from fitness import rotation_sets
 
     prob = make_forward_problem()
     arch = open_forward_archive(archive_path, prob.name)
     try:
         top, paths = export_candidates(arch, prob, k, Path(archive_path).with_suffix(".candidates"))
         calls = {gid: holding(module_call(import_dispatch(path))) for gid, path in paths.items()}
-        tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
         lines = [f"# --confirm {k}: the archive's fastest genomes per case re-timed side by side", "",
                  f"Archive {archive_path}; candidates within {100 * CONFIRM_WITHIN:g}% of the case's fastest search "
                  f"time, at most {k}; {rounds} round(s), {warmup_ms:g} ms of warm-up each; ms (spread; the "
@@ -691,28 +730,11 @@ def confirm_choices(archive_path: str, k: int, cases: list[tuple[str, int, int]]
             if len(recs) < 2:
                 continue
             by_id = {r.genome.id: r for r in recs}
-            ids = list(by_id)
-            elem = torch.finfo(tdt[dtype]).bits // 8
-            per_set = 2 * m * n * elem
-            sets = rotation_sets(l2, per_set, most=16, fit=int(0.4 * torch.cuda.mem_get_info()[0] // per_set))
-            xs = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
+            xs = input_sets(dtype, m, n, l2, 2)
             w = torch.randn(n, device="cuda", dtype=torch.float32)
-            timed: dict[str, list[tuple[float, float]]] = {}
-            failed: set[str] = set()
-            for r in range(rounds):
-                for gid in timing_order(ids, i, r):
-                    if gid in failed:
-                        continue
-                    try:
-                        timed.setdefault(gid, []).append(bench(calls[gid], xs, w, warmup_ms))
-                    except Exception as e:  # noqa: BLE001 - a candidate that fails here is not chosen
-                        failed.add(gid)
-                        timed.pop(gid, None)
-                        print(f"  confirm {key} {gid[:12]}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
-                        try:
-                            torch.cuda.synchronize()
-                        except Exception:  # noqa: BLE001 - a poisoned context fails the rest too
-                            pass
+            results, failed = time_rounds(list(by_id), lambda gid, xs=xs, w=w: bench(calls[gid], xs, w, warmup_ms), i, rounds,
+                                          f"(a --confirm candidate) on {key}", torch.cuda.synchronize)
+            timed = {gid: res for gid, res in results.items() if gid not in failed}  # a failed one is not chosen
             if timed:
                 win = fastest(timed)
                 choices[key] = by_id[win]
@@ -775,11 +797,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 50 << 20)
+    all_shapes = SHAPES
+    if args.backward:
+        from examples.rmsnorm_problem import make_backward_problem
+
+        all_shapes = [(s["M"], s["N"]) for s in make_backward_problem().timed_shapes]
+    shapes = all_shapes if args.shapes == "all" else [s for s in all_shapes if str(s[1]) in args.shapes.split(",")]
     if args.confirm:
-        wanted_n = None if args.shapes == "all" else set(args.shapes.split(","))
-        cases = [(d, m, n) for d in args.dtypes.split(",") for m, n in SHAPES if wanted_n is None or str(n) in wanted_n]
-        args.module = str(confirm_choices(args.archive, args.confirm, cases, Path(args.out), args.warmup_ms,
-                                          args.rounds, l2))
+        args.module = str(confirm_choices(args.archive, args.confirm, pending_cases(args.dtypes.split(","), shapes, None),
+                                          Path(args.out), args.warmup_ms, args.rounds, l2))
         print(f"confirmed module: {args.module}", flush=True)
     module = load_module(args)
     provs: dict[str, Any] = providers_backward(module) if args.backward else providers(module)
@@ -788,14 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     provs = {name: holding(make) for name, make in provs.items()}  # outputs rotate with the inputs
     out = Path(args.out)
     prior = resume_table(out, list(provs), props.name) if args.resume else None  # checked before any timing
-    all_shapes = SHAPES
-    if args.backward:
-        from examples.rmsnorm_problem import make_backward_problem
 
-        all_shapes = [(s["M"], s["N"]) for s in make_backward_problem().timed_shapes]
-    shapes = all_shapes if args.shapes == "all" else [s for s in all_shapes if str(s[1]) in args.shapes.split(",")]
-
-    from fitness import rotation_sets, time_calls
+    from fitness import time_calls
 
     copy_tbs = copy_ceiling_tbs()
 
@@ -817,7 +837,6 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")  # rows are appended as they are measured
     print("\n".join(lines), flush=True)
-    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
     todo = pending_cases(args.dtypes.split(","), shapes, prior)
     # the order of a case's providers depends on the case alone, so a resumed run keeps it
     case_index = {c: i for i, c in enumerate(pending_cases(args.dtypes.split(","), all_shapes, None))}
@@ -832,40 +851,26 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write("\n".join(untimed) + "\n")
             break
         left -= 1
-        elem = torch.finfo(tdt[dtype]).bits // 8
-        one = m * n * elem
-        free = torch.cuda.mem_get_info()[0]
-        per_set = (3 if args.backward else 2) * one  # x + y, or x + dy + dx
-        sets = rotation_sets(l2, per_set, most=16, fit=int(0.4 * free // per_set))
-        xs = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
+        xs = input_sets(dtype, m, n, l2, 3 if args.backward else 2)  # x + y, or x + dy + dx per set
+        elem = xs[0].element_size()
         w = torch.randn(n, device="cuda", dtype=torch.float32)
         dys = rstds = None
         if args.backward:
-            dys = [torch.randn(m, n, device="cuda", dtype=tdt[dtype]) for _ in range(sets)]
+            dys = [torch.randn(m, n, device="cuda", dtype=x.dtype) for x in xs]
             rstds = [torch.rsqrt(x.float().pow(2).mean(dim=1) + EPS) for x in xs]
             nbytes = 3 * m * n * elem + 4 * m + 8 * n
         else:
             nbytes = 2 * m * n * elem + 4 * n
-        rounds: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
-        failed: dict[str, str] = {}
-        for r in range(args.rounds):
-            for name in timing_order(names, case_index[(dtype, m, n)], r):
-                if name in failed:
-                    continue
-                try:
-                    if args.backward:
-                        res = time_calls([provs[name](x, w, dy, rs) for x, dy, rs in zip(xs, dys, rstds, strict=True)],
-                                         warmup_ms=args.warmup_ms)
-                        rounds[name].append((res.time_ms, res.spread))
-                    else:
-                        rounds[name].append(bench(provs[name], xs, w, args.warmup_ms))
-                except Exception as e:  # noqa: BLE001 - shown, never dropped
-                    failed[name] = type(e).__name__
-                    print(f"  {name} on {m}x{n} {dtype}: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
-                    try:
-                        torch.cuda.synchronize()
-                    except Exception:  # noqa: BLE001 - a poisoned context fails every later case too
-                        pass
+
+        def timer(name: str, xs: Any = xs, w: Any = w, dys: Any = dys, rstds: Any = rstds) -> tuple[float, float]:
+            if args.backward:
+                res = time_calls([provs[name](x, w, dy, rs) for x, dy, rs in zip(xs, dys, rstds, strict=True)],
+                                 warmup_ms=args.warmup_ms)
+                return res.time_ms, res.spread
+            return bench(provs[name], xs, w, args.warmup_ms)
+
+        rounds, failed = time_rounds(names, timer, case_index[(dtype, m, n)], args.rounds, f"on {m}x{n} {dtype}",
+                                     torch.cuda.synchronize)
         cells = []
         for name in names:
             if name in failed:
@@ -881,7 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         print(row, flush=True)
         with out.open("a") as fh:  # a run cut short keeps every finished row
             fh.write(row + "\n")
-        xs = dys = rstds = None  # free this case's buffers before the next
+        xs = dys = rstds = timer = None  # free this case's buffers (timer holds them too) before the next
         torch.cuda.empty_cache()
     tail = summary(times, names)
     if not args.backward and "evo (ours)" in names:  # the floors are the forward's targets

@@ -411,3 +411,22 @@ def test_confirm_opens_the_archive_read_only_and_checks_its_problem(tmp_path: Pa
     Archive(bwd, tmp_path / "bwd.lmdb").close()
     with pytest.raises(SystemExit, match="not 'rmsnorm_fwd"):
         rmsnorm_peers.open_forward_archive(str(tmp_path / "bwd.lmdb"), fwd.name)
+
+
+def test_time_rounds_rotates_and_stops_timing_a_name_that_failed(capsys: pytest.CaptureFixture[str]) -> None:
+    calls: list[str] = []
+    recovered: list[int] = []
+
+    def timer(name: str) -> tuple[float, float]:
+        calls.append(name)
+        if name == "b":
+            raise RuntimeError("launch failed")
+        return (1.0 if name == "a" else 2.0, 0.01)
+
+    results, failed = rmsnorm_peers.time_rounds(["a", "b", "c"], timer, 1, 2, "on 4x8 float32",
+                                                lambda: recovered.append(1))
+    assert calls == rmsnorm_peers.timing_order(["a", "b", "c"], 1, 0) + [
+        n for n in rmsnorm_peers.timing_order(["a", "b", "c"], 1, 1) if n != "b"]
+    assert failed == {"b": "RuntimeError"} and recovered == [1]
+    assert results["a"] == [(1.0, 0.01)] * 2 and results["c"] == [(2.0, 0.01)] * 2 and results["b"] == []
+    assert "b on 4x8 float32: RuntimeError: launch failed" in capsys.readouterr().err
