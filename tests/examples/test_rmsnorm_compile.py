@@ -66,7 +66,7 @@ def _corner_cases() -> list[dict]:
     for threads, hint in ((1024, 5), (512, 0), (256, 4)):
         out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=1,
                         OCCUPANCY=2048 // threads, LOAD_HINT=hint, STORE_HINT=2, RSQRT_APPROX=0))
-    # STAGE 0 with one vector per thread at 32 registers (the lean path and its STAGE 2 fallback)
+    # STAGE 0 with one vector per thread at 32 registers (the lean path and its two-pass reads of longer rows)
     for threads, tpr, vec, hint, store in ((1024, 1024, 16, 5, 0), (512, 512, 16, 0, 1), (256, 256, 16, 4, 2),
                                            (128, 128, 16, 3, 1), (64, 64, 16, 5, 1), (256, 32, 16, 1, 1),
                                            (1024, 16, 16, 5, 1), (64, 4, 4, 0, 0), (512, 64, 8, 3, 2)):

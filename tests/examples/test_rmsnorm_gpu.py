@@ -223,7 +223,7 @@ def test_forward_one_warp_ctas(cuda_device) -> None:
 LEAN_SHAPES = [{"M": 1, "N": 8}, {"M": 70, "N": 256}, {"M": 37, "N": 512}, {"M": 130, "N": 1024},
                {"M": 33, "N": 2048}, {"M": 9, "N": 4096}, {"M": 5, "N": 8192}, {"M": 3, "N": 2056}]
 """Rows of whole vectors that the lean STAGE 0 path holds (one vector per thread, up to TPR of them)
-and rows longer than that (its STAGE 2 fallback), for THREADS from 64 to 1024."""
+and rows longer than that (read twice, by vectors), for THREADS from 64 to 1024."""
 
 
 @pytest.mark.parametrize("offsets", [None, {"x": 1, "y": 1}, {"w": 1}], ids=["aligned", "x-y-off", "w-off"])
