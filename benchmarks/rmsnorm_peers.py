@@ -777,9 +777,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--confirm", type=int, default=0, metavar="K",
                     help="(forward, with --archive) re-time the archive's K fastest genomes of each case side by "
                     "side first and dispatch the winners (<archive>.confirmed.dispatch.py)")
+    ap.add_argument("--confirm-rounds", type=int, default=None, metavar="R",
+                    help="rounds of --confirm's timings (default: --rounds); the candidates of a case are often "
+                    "closer together than the peers, so they may need more rounds than the table")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be 1 or more (got {args.rounds})")
+    if args.confirm_rounds is not None:
+        if not args.confirm:
+            ap.error("--confirm-rounds sets the rounds of --confirm: give --confirm K too")
+        if args.confirm_rounds < 1:
+            ap.error(f"--confirm-rounds must be 1 or more (got {args.confirm_rounds})")
     if args.confirm:
         if args.confirm < 2:
             ap.error(f"--confirm needs 2 or more candidates per case (got {args.confirm})")
@@ -805,7 +813,8 @@ def main(argv: list[str] | None = None) -> int:
     shapes = all_shapes if args.shapes == "all" else [s for s in all_shapes if str(s[1]) in args.shapes.split(",")]
     if args.confirm:
         args.module = str(confirm_choices(args.archive, args.confirm, pending_cases(args.dtypes.split(","), shapes, None),
-                                          Path(args.out), args.warmup_ms, args.rounds, l2))
+                                          Path(args.out), args.warmup_ms,
+                                          args.rounds if args.confirm_rounds is None else args.confirm_rounds, l2))
         print(f"confirmed module: {args.module}", flush=True)
     module = load_module(args)
     provs: dict[str, Any] = providers_backward(module) if args.backward else providers(module)

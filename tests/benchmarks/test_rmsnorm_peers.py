@@ -348,6 +348,8 @@ def test_parse_table_reads_each_cells_fraction_of_copy() -> None:
     (["--confirm", "1", "--archive", "a.lmdb"], "2 or more candidates"),
     (["--confirm", "2", "--archive", "a.lmdb", "--backward"], "forward genomes only"),
     (["--confirm", "2", "--archive", "a.lmdb", "--resume"], "cannot --resume"),
+    (["--confirm-rounds", "2", "--archive", "a.lmdb"], "give --confirm K too"),
+    (["--confirm", "2", "--confirm-rounds", "0", "--archive", "a.lmdb"], "--confirm-rounds must be 1 or more"),
 ])
 def test_confirm_arguments_are_checked_before_any_gpu_work(argv: list[str], message: str,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
