@@ -57,7 +57,11 @@ times as ours. The search times each genome once with a short warm-up and races 
 weak genomes; between genomes a few per cent apart its order need not be this harness's (the
 H100, run 26: at fp16 2K it preferred one genome by 0.35%, which ran 0.0916 ms here, while the
 one it passed over ran 0.0885 on bf16, where the search had timed it as on fp16). The
-candidates' times go to ``<out>.confirm.md``.
+candidates' times go to ``<out>.confirm.md``, with the device the archive was searched on.
+Confirming on another device than the search's is where it matters most: run 26 (an H100
+search) re-timed on an H200 took another genome than the search's fastest on 22 of 33 cases,
+4.6% faster in geomean; candidates 0.1-0.5% apart on the H100 ran up to 24% apart there. Widen
+the pool for such a transfer with ``--confirm-within`` (default :data:`CONFIRM_WITHIN`).
 
     python benchmarks/rmsnorm_peers.py --archive runs/run26.lmdb --confirm 3 --rounds 2
 """
@@ -683,13 +687,14 @@ def open_forward_archive(path: str, problem_name: str) -> Any:
     return arch
 
 
-def export_candidates(source: Any, prob: Any, k: int, cand_dir: Path,
-                      binaries: bool = True) -> tuple[dict[str, list[Any]], dict[str, Path]]:
-    """``--confirm``'s candidates: :func:`evo.export.top_per_case` (within :data:`CONFIRM_WITHIN`)
-    and one dispatch module per distinct candidate genome in ``cand_dir`` (genome id -> path)."""
+def export_candidates(source: Any, prob: Any, k: int, cand_dir: Path, binaries: bool = True,
+                      within: float = CONFIRM_WITHIN) -> tuple[dict[str, list[Any]], dict[str, Path]]:
+    """``--confirm``'s candidates: :func:`evo.export.top_per_case` (at most ``k`` per case, within
+    ``within`` of the case's fastest) and one dispatch module per distinct candidate genome in
+    ``cand_dir`` (genome id -> path)."""
     from evo.export import export_module, top_per_case
 
-    top = top_per_case(source, prob, k=k, within=CONFIRM_WITHIN)
+    top = top_per_case(source, prob, k=k, within=within)
     paths: dict[str, Path] = {}
     for recs in top.values():
         for rec in recs:
@@ -699,8 +704,20 @@ def export_candidates(source: Any, prob: Any, k: int, cand_dir: Path,
     return top, paths
 
 
+def device_line(searched: Any, here: str) -> str:
+    """The confirmation table's line on devices: where the archive's search ran (its header's
+    ``device``) and where the candidates are re-timed; a warning when they differ."""
+    name = searched.get("name") if isinstance(searched, dict) else None
+    if not name:
+        return f"Search device: not recorded in the archive; timed here on {here}."
+    if name != here:
+        return (f"Search device: {name}; timed here on **{here}**, another device: the search's ms are "
+                "that device's, and its order of close genomes need not hold here.")
+    return f"Search device: {name}, as here."
+
+
 def confirm_choices(archive_path: str, k: int, cases: list[tuple[str, int, int]], out: Path, warmup_ms: float,
-                    rounds: int, l2: int) -> Path:
+                    rounds: int, l2: int, within: float = CONFIRM_WITHIN) -> Path:
     """Re-time the ``k`` fastest genomes of each case here and export the winners; returns the module's path.
 
     Each distinct candidate genome is exported to its own module under ``<archive>.candidates/``
@@ -717,12 +734,14 @@ def confirm_choices(archive_path: str, k: int, cases: list[tuple[str, int, int]]
     prob = make_forward_problem()
     arch = open_forward_archive(archive_path, prob.name)
     try:
-        top, paths = export_candidates(arch, prob, k, Path(archive_path).with_suffix(".candidates"))
+        top, paths = export_candidates(arch, prob, k, Path(archive_path).with_suffix(".candidates"), within=within)
         calls = {gid: holding(module_call(import_dispatch(path))) for gid, path in paths.items()}
         lines = [f"# --confirm {k}: the archive's fastest genomes per case re-timed side by side", "",
-                 f"Archive {archive_path}; candidates within {100 * CONFIRM_WITHIN:g}% of the case's fastest search "
+                 f"Archive {archive_path}; candidates within {100 * within:g}% of the case's fastest search "
                  f"time, at most {k}; {rounds} round(s), {warmup_ms:g} ms of warm-up each; ms (spread; the "
-                 "search's ms). Bold: dispatched.", "", "| case | candidates |", "|---|---|"]
+                 "search's ms). Bold: dispatched.",
+                 device_line(arch.header.get("device"), torch.cuda.get_device_name()), "",
+                 "| case | candidates |", "|---|---|"]
         choices = {}
         for i, (dtype, m, n) in enumerate(cases):
             key = Case({"M": m, "N": n}, dtype).key
@@ -780,6 +799,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--confirm-rounds", type=int, default=None, metavar="R",
                     help="rounds of --confirm's timings (default: --rounds); the candidates of a case are often "
                     "closer together than the peers, so they may need more rounds than the table")
+    ap.add_argument("--confirm-within", type=float, default=None, metavar="F",
+                    help=f"--confirm's pool: genomes within this fraction of a case's fastest search time (default "
+                    f"{CONFIRM_WITHIN:g}); widen it when the archive was searched on another device")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be 1 or more (got {args.rounds})")
@@ -788,6 +810,11 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--confirm-rounds sets the rounds of --confirm: give --confirm K too")
         if args.confirm_rounds < 1:
             ap.error(f"--confirm-rounds must be 1 or more (got {args.confirm_rounds})")
+    if args.confirm_within is not None:
+        if not args.confirm:
+            ap.error("--confirm-within sets the pool of --confirm: give --confirm K too")
+        if not args.confirm_within >= 0:
+            ap.error(f"--confirm-within must be a fraction >= 0 (got {args.confirm_within})")
     if args.confirm:
         if args.confirm < 2:
             ap.error(f"--confirm needs 2 or more candidates per case (got {args.confirm})")
@@ -814,7 +841,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.confirm:
         args.module = str(confirm_choices(args.archive, args.confirm, pending_cases(args.dtypes.split(","), shapes, None),
                                           Path(args.out), args.warmup_ms,
-                                          args.rounds if args.confirm_rounds is None else args.confirm_rounds, l2))
+                                          args.rounds if args.confirm_rounds is None else args.confirm_rounds, l2,
+                                          CONFIRM_WITHIN if args.confirm_within is None else args.confirm_within))
         print(f"confirmed module: {args.module}", flush=True)
     module = load_module(args)
     provs: dict[str, Any] = providers_backward(module) if args.backward else providers(module)

@@ -350,6 +350,9 @@ def test_parse_table_reads_each_cells_fraction_of_copy() -> None:
     (["--confirm", "2", "--archive", "a.lmdb", "--resume"], "cannot --resume"),
     (["--confirm-rounds", "2", "--archive", "a.lmdb"], "give --confirm K too"),
     (["--confirm", "2", "--confirm-rounds", "0", "--archive", "a.lmdb"], "--confirm-rounds must be 1 or more"),
+    (["--confirm-within", "0.1", "--archive", "a.lmdb"], "give --confirm K too"),
+    (["--confirm", "2", "--confirm-within", "-0.1", "--archive", "a.lmdb"], "--confirm-within must be a fraction"),
+    (["--confirm", "2", "--confirm-within", "nan", "--archive", "a.lmdb"], "--confirm-within must be a fraction"),
 ])
 def test_confirm_arguments_are_checked_before_any_gpu_work(argv: list[str], message: str,
                                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -392,6 +395,16 @@ def test_export_candidates_writes_one_module_per_distinct_genome(tmp_path: Path)
     assert set(paths) == {a.id, b.id, c.id} and all(p.parent == tmp_path / "cands" for p in paths.values())
     mod = rmsnorm_peers.import_dispatch(paths[b.id])
     assert {g["id"] for g in mod.GENOMES} == {b.id}  # each module dispatches its one genome everywhere
+    wide, _ = rmsnorm_peers.export_candidates([a, b, c], prob, 3, tmp_path / "wide", binaries=False, within=1.5)
+    assert [r.id for r in wide[k1]] == [a.id, b.id, c.id]  # a wider pool (another device's archive) takes c too
+
+
+def test_device_line_warns_when_the_search_ran_on_another_device() -> None:
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0"}
+    assert rmsnorm_peers.device_line(h100, "NVIDIA H100 80GB HBM3") == "Search device: NVIDIA H100 80GB HBM3, as here."
+    other = rmsnorm_peers.device_line(h100, "NVIDIA H200")
+    assert other.startswith("Search device: NVIDIA H100 80GB HBM3; timed here on **NVIDIA H200**, another device")
+    assert "not recorded" in rmsnorm_peers.device_line(None, "NVIDIA H200")
 
 
 def test_confirm_opens_the_archive_read_only_and_checks_its_problem(tmp_path: Path) -> None:
