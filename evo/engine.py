@@ -130,6 +130,14 @@ class EngineConfig:
             (the fastest record of each timed case, what its export dispatches): a genome
             that wins one case often has a modest overall fitness and loses its cell, so
             the elites alone miss it.
+        warm_start_per_case: With ``warm_start_champions``, how many of each timed case's
+            fastest records (distinct genomes) are re-evaluated: 1 is the champion alone.
+            Raise it when the warm-start archive was searched on another GPU: genomes a few
+            tenths of a per cent apart there can be far apart here (an H100 archive's three
+            fastest per case, re-timed on an H200, were up to 24% apart, and the H100's
+            fastest was not the H200's on 22 of 33 cases).
+        warm_start_within: The runners-up taken by ``warm_start_per_case`` > 1 are at most
+            this fraction slower than the case's champion in the warm-start archive.
         failed_parents: Recent failed records kept as parents for repair operators.
         max_attempts: Operator calls per requested candidate before ``ask`` gives up.
         max_executor_errors: Consecutive executor exceptions (harness faults, not
@@ -175,6 +183,8 @@ class EngineConfig:
     dollars_per_unit: float = 0.01
     warm_start_elites: int = 16
     warm_start_champions: bool = True
+    warm_start_per_case: int = 1
+    warm_start_within: float = 0.05
     failed_parents: int = 32
     max_attempts: int = 8
     max_executor_errors: int = 5
@@ -210,6 +220,10 @@ class EngineConfig:
             errs.append(f"max_attempts={self.max_attempts} must be >= 1")
         if self.stall_rounds < 1:
             errs.append(f"stall_rounds={self.stall_rounds} must be >= 1")
+        if self.warm_start_per_case < 1:
+            errs.append(f"warm_start_per_case={self.warm_start_per_case} must be >= 1 (1: each case's champion)")
+        if not self.warm_start_within >= 0.0:
+            errs.append(f"warm_start_within={self.warm_start_within} must be a fraction >= 0")
         if self.executor not in ("local", "ray"):
             errs.append(f"executor={self.executor!r} must be 'local' or 'ray'")
         if errs:
@@ -1122,16 +1136,21 @@ class Engine:
         try:
             elites = sorted((r for r in src.elites() if r.fitness is not None), key=lambda r: -r.fitness)
             name = _problem_name((getattr(src, "header", {}) or {}).get("problem", {}))
-            picks: dict[str, tuple[Any, list[str]]] = {}  # genome id -> (record, cases it wins)
+            # genome id -> (record, cases it wins, cases where it is a runner-up)
+            picks: dict[str, tuple[Any, list[str], list[str]]] = {}
             for r in elites[: self.config.warm_start_elites]:
-                picks.setdefault(r.genome.id, (r, []))
+                picks.setdefault(r.genome.id, (r, [], []))
             if self.config.warm_start_champions:
-                from evo.export import best_per_case
+                from evo.export import top_per_case
 
-                for case, r in best_per_case(src).items():
-                    picks.setdefault(r.genome.id, (r, []))[1].append(case)
+                k = self.config.warm_start_per_case
+                top = top_per_case(src, k=k, within=self.config.warm_start_within if k > 1 else None)
+                for rank in range(k):  # every case's champion first, then the runners-up
+                    for case, recs in top.items():
+                        if rank < len(recs):
+                            picks.setdefault(recs[rank].genome.id, (recs[rank], [], []))[1 if rank == 0 else 2].append(case)
             items: list[dict[str, Any]] = []
-            for r, cases in picks.values():
+            for r, cases, close in picks.values():
                 bad = self.problem.params.violations(r.genome.params)
                 if bad:
                     log.info("warm start: skipping %s (%s)", r.id[:12], "; ".join(bad))
@@ -1140,6 +1159,8 @@ class Engine:
                                           "found_by": _found_by(r)}
                 if cases:
                     origin["champion_of"] = cases
+                if close:
+                    origin["runner_up_of"] = close
                 items.append({"genome": r.genome.to_dict(), "operator": "warm_start",
                               "meta": {"warm_start": origin}})
             self._seed_queue.extendleft(reversed(items))  # ahead of the problem's seeds, in order
@@ -1148,8 +1169,8 @@ class Engine:
             for lesson in src.lessons.all():
                 self.archive.lessons.append(lesson.replace(seq=-1))
                 copied += 1
-            log.info("warm start: %d genomes (elites, per-case champions) queued for re-evaluation, %d lessons "
-                     "copied", queued, copied)
+            log.info("warm start: %d genomes (elites, per-case champions%s) queued for re-evaluation, %d lessons "
+                     "copied", queued, " and runners-up" if self.config.warm_start_per_case > 1 else "", copied)
             self._warm_started = True
         finally:
             if src is not source:

@@ -168,9 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-start", default=None, metavar="ARCHIVE",
                     help="an earlier run's archive (e.g. before the kernel family changed): its elites and "
                     "per-case champions are re-evaluated first, as seeds, and its lessons copied (once)")
+    ap.add_argument("--warm-start-per-case", type=int, default=3, metavar="K",
+                    help="with --warm-start: each case's K fastest genomes of that archive (within 5%% of its "
+                    "champion) are re-evaluated, not its champion alone: an archive searched on another GPU "
+                    "ranks close genomes differently (an H100 archive's top 3 per case re-timed on an H200: "
+                    "its fastest was not the H200's on 22 of 33 cases)")
     ap.add_argument("--compare-dtypes", default="bfloat16,float16,float32",
                     help="dtypes compared against torch (torch.compile compiles once per case)")
     args = ap.parse_args(argv)
+    if args.warm_start_per_case < 1:
+        ap.error(f"--warm-start-per-case must be 1 or more (got {args.warm_start_per_case}; 1: the champions alone)")
     if args.warm_start is not None:  # a clear error now, not after the GPU is set up
         import archive
 
@@ -207,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     arch = archive.Archive(problem, args.archive)
     try:
         engine = Engine(problem, arch, evaluator=evaluator, llm=llm, seed=args.seed,
-                        config=EngineConfig(racing=not args.no_racing), warm_start=args.warm_start)
+                        config=EngineConfig(racing=not args.no_racing, warm_start_per_case=args.warm_start_per_case),
+                        warm_start=args.warm_start)
         best = engine.run(Budget(seconds=args.minutes * 60, evaluations=args.evaluations))
         if best is None:
             print("no correct kernel found; see the archive's failure records", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -453,3 +454,47 @@ def test_warm_start_brings_per_case_champions_the_elites_miss(tmp_path: Path) ->
         eng.run(Budget(evaluations=2), progress=False)
         (only,) = [r for r in eng.archive.records() if r.operator == "warm_start"]
         assert only.genome.id == best.id and "champion_of" not in only.meta["warm_start"]
+
+
+def test_warm_start_per_case_brings_close_runners_up(tmp_path: Path) -> None:
+    """``warm_start_per_case=2`` re-evaluates each case's second fastest too when it is within
+    ``warm_start_within`` of the champion (for an archive searched on another GPU); a farther one
+    is left out, and the default (1) takes the champions alone."""
+    from archive import Archive
+
+    problem = make_problem()
+    src = Archive(problem, str(tmp_path / "src"))
+    base = seed_genome()
+    champ, close, far = base.with_params(UNROLL=2), base.with_params(UNROLL=4), base.with_params(UNROLL=8)
+
+    def rec(g: Genome, fitness: float, t: float) -> Record:
+        ev = Evaluation(Status.OK, fitness=fitness, metrics={"cases": {"N=1000:float32": {"time_ms": t}}},
+                        resources={"registers": 32})
+        return Record(g, ev, operator="param_mutation")
+
+    src.add(rec(champ, 0.9, 0.0100))
+    src.add(rec(close, 0.5, 0.0103))  # 3% slower: a runner-up within 5%
+    src.add(rec(far, 0.4, 0.0120))  # 20% slower
+    src.close()
+
+    def warm(cfg: EngineConfig, name: str) -> dict[str, dict[str, Any]]:
+        dst_problem = make_problem("cpu_axpy_big", check_shapes=({"N": 100000},), seeds=())
+        with Engine(dst_problem, str(tmp_path / name), evaluator=ParamsExecutor(), config=cfg,
+                    warm_start=str(tmp_path / "src")) as eng:
+            eng.run(Budget(evaluations=3), progress=False)
+            return {r.genome.id: r.meta["warm_start"] for r in eng.archive.records() if r.operator == "warm_start"}
+
+    got = warm(EngineConfig(islands=1, warm_start_elites=1, warm_start_per_case=3), "dst")
+    assert set(got) == {champ.id, close.id}
+    assert got[champ.id]["champion_of"] == ["N=1000:float32"] and "runner_up_of" not in got[champ.id]
+    assert got[close.id]["runner_up_of"] == ["N=1000:float32"] and "champion_of" not in got[close.id]
+    wide = warm(EngineConfig(islands=1, warm_start_elites=1, warm_start_per_case=3, warm_start_within=0.5), "wide")
+    assert set(wide) == {champ.id, close.id, far.id}
+    assert set(warm(EngineConfig(islands=1, warm_start_elites=1), "one")) == {champ.id}
+
+
+@pytest.mark.parametrize("kw,message", [({"warm_start_per_case": 0}, "warm_start_per_case=0 must be >= 1"),
+                                        ({"warm_start_within": -0.1}, "warm_start_within=-0.1 must be a fraction")])
+def test_warm_start_per_case_settings_are_checked(kw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**kw)

@@ -86,3 +86,12 @@ def test_warm_start_that_is_not_an_archive_is_a_clear_error(tmp_path: Path, what
     assert r.returncode == 2, r.stderr
     assert f"--warm-start {src}" in r.stderr
     assert not (tmp_path / "a.lmdb").exists()
+
+
+def test_warm_start_per_case_below_one_is_refused_before_any_gpu_work(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "rmsnorm_h100.py"), "--archive",
+                        str(tmp_path / "a.lmdb"), "--warm-start-per-case", "0"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "--warm-start-per-case must be 1 or more" in r.stderr
+    assert not (tmp_path / "a.lmdb").exists()
