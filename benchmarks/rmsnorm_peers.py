@@ -60,7 +60,7 @@ one it passed over ran 0.0885 on bf16, where the search had timed it as on fp16)
 candidates' times go to ``<out>.confirm.md``, with the device the archive was searched on.
 Confirming on another device than the search's is where it matters most: run 26 (an H100
 search) re-timed on an H200 took another genome than the search's fastest on 22 of 33 cases,
-4.6% faster in geomean; candidates 0.1-0.5% apart on the H100 ran up to 24% apart there. Widen
+4.6% faster in geomean; candidates 0-2.6% apart on the H100 ran up to 24% apart there. Widen
 the pool for such a transfer with ``--confirm-within`` (default :data:`CONFIRM_WITHIN`).
 
     python benchmarks/rmsnorm_peers.py --archive runs/run26.lmdb --confirm 3 --rounds 2

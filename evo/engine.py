@@ -132,8 +132,8 @@ class EngineConfig:
             the elites alone miss it.
         warm_start_per_case: With ``warm_start_champions``, how many of each timed case's
             fastest records (distinct genomes) are re-evaluated: 1 is the champion alone.
-            Raise it when the warm-start archive was searched on another GPU: genomes a few
-            tenths of a per cent apart there can be far apart here (an H100 archive's three
+            Raise it when the warm-start archive was searched on another GPU: genomes within a
+            few per cent there can be far apart here (an H100 archive's three
             fastest per case, re-timed on an H200, were up to 24% apart, and the H100's
             fastest was not the H200's on 22 of 33 cases).
         warm_start_within: The runners-up taken by ``warm_start_per_case`` > 1 are at most
