@@ -163,6 +163,47 @@ def module_call(module: Any) -> Callable[[Any, Any], Callable[[], Any]]:
     return evo_call
 
 
+EVO_PREFIX = "evo ("
+"""Providers named so are modules of ours (``evo (ours)`` and each ``--also``), never peers."""
+
+
+def parse_also(values: list[str]) -> list[tuple[str, Path]]:
+    """``--also PATH[=LABEL]`` values as (provider name, path), checked before any GPU work.
+
+    The label defaults to the file's name without ``.xz`` and ``.dispatch.py`` (``.py``); the
+    provider is ``evo (LABEL)``. The ``--module`` path may be given again: the same module
+    timed twice, each with its own buffers, shows how far ours moves within one run.
+
+    Raises:
+        SystemExit: A missing file, an empty label, the label ``ours``, or a label given twice.
+    """
+    out: list[tuple[str, Path]] = []
+    for v in values:
+        path_s, sep, label = v.partition("=")
+        path = Path(path_s)
+        if not sep:
+            label = path.name.removesuffix(".xz").removesuffix(".py").removesuffix(".dispatch")
+        label = label.strip()
+        if not path.is_file():
+            raise SystemExit(f"--also {v}: no dispatch module at {path}")
+        if not label or label == "ours":
+            raise SystemExit(f"--also {v}: give the module a label other than 'ours' (PATH=LABEL)")
+        name = f"{EVO_PREFIX}{label})"
+        if any(name == n for n, _ in out):
+            raise SystemExit(f"--also {v}: the label {label!r} is given twice; name each module (PATH=LABEL)")
+        out.append((name, path))
+    return out
+
+
+def with_also(provs: dict[str, Any], also: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``provs`` with the ``also`` providers (name, make_call) right after ``evo (ours)`` (first if absent)."""
+    names = list(provs)
+    at = names.index("evo (ours)") + 1 if "evo (ours)" in names else 0
+    order = names[:at] + [n for n, _ in also] + names[at:]
+    merged = dict(provs) | dict(also)
+    return {n: merged[n] for n in order}
+
+
 def providers(module: Any | None) -> dict[str, Callable[[Any, Any], Callable[[], Any]]]:
     """name -> make_call(x, w) -> zero-argument call. Missing packages give a raising factory."""
     import torch
@@ -231,6 +272,27 @@ def _allow_recompiles(torch: Any) -> None:
             setattr(torch._dynamo.config, knob, 256)
 
 
+def module_call_backward(module: Any) -> Callable[..., Callable[[], Any]]:
+    """make_call(x, w, dy, rstd) for a backward dispatch module: dx and dw through ``module.run``."""
+    import torch
+
+    dt = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+    def evo_call(x: Any, w: Any, dy: Any, rstd: Any) -> Callable[[], Any]:
+        import cupy
+
+        dx = torch.empty_like(x)
+        dw = torch.empty(x.shape[1], device=x.device, dtype=torch.float32)
+        shape = {"M": x.shape[0], "N": x.shape[1]}
+        bufs = [cupy.asarray(t) for t in (x, w, dy, rstd, dx, dw)]
+
+        def call() -> None:
+            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                module.run(*bufs, shape=shape, dtype=dt[x.dtype])
+        return call
+    return evo_call
+
+
 def providers_backward(module: Any | None) -> dict[str, Callable[..., Callable[[], Any]]]:
     """name -> make_call(x, w, dy, rstd) for the backward (dx and dw); w and rstd are float32."""
     import torch
@@ -239,21 +301,7 @@ def providers_backward(module: Any | None) -> dict[str, Callable[..., Callable[[
 
     out: dict[str, Callable[..., Callable[[], Any]]] = {}
     if module is not None:
-        dt = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-        def evo_call(x: Any, w: Any, dy: Any, rstd: Any) -> Callable[[], Any]:
-            import cupy
-
-            dx = torch.empty_like(x)
-            dw = torch.empty(x.shape[1], device=x.device, dtype=torch.float32)
-            shape = {"M": x.shape[0], "N": x.shape[1]}
-            bufs = [cupy.asarray(t) for t in (x, w, dy, rstd, dx, dw)]
-
-            def call() -> None:
-                with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-                    module.run(*bufs, shape=shape, dtype=dt[x.dtype])
-            return call
-        out["evo (ours)"] = evo_call
+        out["evo (ours)"] = module_call_backward(module)
     out["torch"] = lambda x, w, dy, rstd: (lambda: rmsnorm_backward_torch(x, w, dy, rstd))
     _allow_recompiles(torch)
     compiled = torch.compile(rmsnorm_backward_torch, dynamic=False)
@@ -293,6 +341,12 @@ def import_dispatch(path: str | Path) -> Any:
 
     A path ending in ``.xz`` is read through :mod:`lzma` (how ``benchmarks/results`` keeps the
     modules its tables were timed with), so such a table can be re-timed without unpacking.
+
+    Each call gives a module of its own (its own kernels and workspaces), so two modules, or
+    one twice (``--also``), can be timed in one run. The example's exports end by registering
+    the torch op ``evo_rmsnorm::fwd``, which torch refuses a second time in one process; the
+    benchmark calls ``run()`` alone, so a module whose only failure is that registration is
+    kept (a note on stderr says so).
     """
     path = Path(path)
     if path.suffix == ".xz":
@@ -303,13 +357,24 @@ def import_dispatch(path: str | Path) -> Any:
         spec = importlib.machinery.ModuleSpec("evo_rmsnorm_dispatch", None, origin=str(path))
         mod = importlib.util.module_from_spec(spec)
         mod.__file__ = str(path)
-        sys.modules[spec.name] = mod
-        exec(compile(lzma.decompress(path.read_bytes()).decode("utf-8"), str(path), "exec"), mod.__dict__)
-        return mod
-    spec = importlib.util.spec_from_file_location("evo_rmsnorm_dispatch", path)
-    mod = importlib.util.module_from_spec(spec)
+        code = compile(lzma.decompress(path.read_bytes()).decode("utf-8"), str(path), "exec")
+
+        def load() -> None:
+            exec(code, mod.__dict__)
+    else:
+        spec = importlib.util.spec_from_file_location("evo_rmsnorm_dispatch", path)
+        mod = importlib.util.module_from_spec(spec)
+
+        def load() -> None:
+            spec.loader.exec_module(mod)
     sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
+    try:
+        load()
+    except RuntimeError as e:
+        if "multiple times" not in str(e) or not callable(getattr(mod, "run", None)):
+            raise
+        print(f"rmsnorm_peers: {path}: its torch op was registered by a module imported before it "
+              f"({str(e).splitlines()[0][:160]}); timing it through run()", file=sys.stderr)
     return mod
 
 
@@ -360,13 +425,15 @@ def summary(times: dict[tuple[str, int, str], float | None], names: list[str], o
 
     Returns:
         One table per dtype: for each peer, its time over ours per N (above 1: ours faster;
-        ``F``: the peer failed; ``-``: ours failed), then the fastest peer over ours; and a
-        line counting the cases where ours is faster than every peer that ran. Empty when
+        ``F``: the peer failed; ``-``: ours failed), then the fastest peer over ours, then
+        the other modules of ours (``--also``, named ``evo (...)``), which are not peers; and
+        a line counting the cases where ours is faster than every peer that ran. Empty when
         ``ours`` did not run.
     """
     if ours not in names:
         return []
-    peers = [n for n in names if n != ours]
+    mods = [n for n in names if n != ours and n.startswith(EVO_PREFIX)]
+    peers = [n for n in names if n != ours and n not in mods]
     cases = sorted({(d, n) for d, n, _ in times}, key=lambda c: (c[0], c[1]))
     if not cases or not peers:
         return []
@@ -376,12 +443,13 @@ def summary(times: dict[tuple[str, int, str], float | None], names: list[str], o
         ns = [n for d, n in cases if d == dtype]
         out += [f"| {dtype} | " + " | ".join(str(n) for n in ns) + " |", "|---" * (len(ns) + 1) + "|"]
         fastest: list[str] = []
-        rows: dict[str, list[str]] = {p: [] for p in peers}
+        rows: dict[str, list[str]] = {p: [] for p in peers + mods}
         for n in ns:
             mine = times.get((dtype, n, ours))
-            ran = [times.get((dtype, n, p)) for p in peers]
-            for p, t in zip(peers, ran, strict=True):
+            for p in peers + mods:
+                t = times.get((dtype, n, p))
                 rows[p].append("F" if t is None else ("-" if mine is None else f"{t / mine:.3f}"))
+            ran = [times.get((dtype, n, p)) for p in peers]
             ok = [t for t in ran if t is not None]
             if mine is None:
                 fastest.append("-")
@@ -391,8 +459,9 @@ def summary(times: dict[tuple[str, int, str], float | None], names: list[str], o
             else:
                 fastest.append(f"{min(ok) / mine:.3f}")
                 wins += min(ok) > mine
-        out += [f"| {p} | " + " | ".join(r) + " |" for p, r in rows.items()]
-        out += ["| **fastest peer** | " + " | ".join(f"**{v}**" for v in fastest) + " |", ""]
+        out += [f"| {p} | " + " | ".join(rows[p]) + " |" for p in peers]
+        out += ["| **fastest peer** | " + " | ".join(f"**{v}**" for v in fastest) + " |"]
+        out += [f"| {p} (not a peer) | " + " | ".join(rows[p]) + " |" for p in mods] + [""]
     out.append(f"{ours} is faster than every peer that ran on {wins} of {len(cases)} cases.")
     return out
 
@@ -796,6 +865,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--confirm", type=int, default=0, metavar="K",
                     help="(forward, with --archive) re-time the archive's K fastest genomes of each case side by "
                     "side first and dispatch the winners (<archive>.confirmed.dispatch.py)")
+    ap.add_argument("--also", action="append", default=[], metavar="PATH[=LABEL]",
+                    help="another dispatch module timed beside ours as 'evo (LABEL)' (repeatable; not a peer in "
+                    "the summary): e.g. two runs' exports side by side, or --module's own path again to see "
+                    "how far ours moves within one run")
     ap.add_argument("--confirm-rounds", type=int, default=None, metavar="R",
                     help="rounds of --confirm's timings (default: --rounds); the candidates of a case are often "
                     "closer together than the peers, so they may need more rounds than the table")
@@ -824,6 +897,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--confirm times forward genomes only (leave out --backward)")
         if args.resume:
             ap.error("--confirm chooses the genomes the table times: it cannot --resume a table timed with others")
+    also = parse_also(args.also)
     started = time.monotonic()
     import torch
 
@@ -846,6 +920,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"confirmed module: {args.module}", flush=True)
     module = load_module(args)
     provs: dict[str, Any] = providers_backward(module) if args.backward else providers(module)
+    evo_make = module_call_backward if args.backward else module_call
+    provs = with_also(provs, [(name, evo_make(import_dispatch(path))) for name, path in also])
     provs, skipped = skip_providers(provs, args.skip)
     check_required(provs, args.require)
     provs = {name: holding(make) for name, make in provs.items()}  # outputs rotate with the inputs

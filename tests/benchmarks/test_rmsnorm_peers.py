@@ -445,3 +445,54 @@ def test_time_rounds_rotates_and_stops_timing_a_name_that_failed(capsys: pytest.
     assert failed == {"b": "RuntimeError"} and recovered == [1]
     assert results["a"] == [(1.0, 0.01)] * 2 and results["c"] == [(2.0, 0.01)] * 2 and results["b"] == []
     assert "b on 4x8 float32: RuntimeError: launch failed" in capsys.readouterr().err
+
+
+def test_also_modules_are_named_checked_and_placed_after_ours(tmp_path: Path) -> None:
+    a = tmp_path / "run27.dispatch.py"
+    b = tmp_path / "run26-h100.dispatch.py.xz"
+    a.write_text("")
+    b.write_bytes(b"")
+    got = rmsnorm_peers.parse_also([str(a), str(b), f"{a}=again"])
+    assert got == [("evo (run27)", a), ("evo (run26-h100)", b), ("evo (again)", a)]
+    for bad, message in [([str(tmp_path / "none.py")], "no dispatch module"), ([f"{a}=ours"], "other than 'ours'"),
+                         ([f"{a}= "], "other than 'ours'"), ([str(a), f"{b}=run27"], "given twice")]:
+        with pytest.raises(SystemExit, match=message):
+            rmsnorm_peers.parse_also(bad)
+    provs = {"evo (ours)": 1, "torch": 2, "liger": 3}
+    assert list(rmsnorm_peers.with_also(provs, [("evo (b)", 4)])) == ["evo (ours)", "evo (b)", "torch", "liger"]
+    assert list(rmsnorm_peers.with_also({"torch": 2}, [("evo (b)", 4)])) == ["evo (b)", "torch"]
+
+
+def test_also_path_that_is_missing_stops_before_any_gpu_work(capsys: pytest.CaptureFixture[str],
+                                                             tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no dispatch module"):
+        rmsnorm_peers.main(["--also", str(tmp_path / "none.dispatch.py")])
+
+
+def test_summary_keeps_our_other_modules_out_of_the_peers() -> None:
+    times = {("bfloat16", 256, "evo (ours)"): 0.0100, ("bfloat16", 256, "evo (b)"): 0.0090,
+             ("bfloat16", 256, "torch"): 0.0200}
+    lines = rmsnorm_peers.summary(times, ["evo (ours)", "evo (b)", "torch"])
+    text = "\n".join(lines)
+    assert "| **fastest peer** | **2.000** |" in text  # evo (b), faster, is not the fastest peer
+    assert "| evo (b) (not a peer) | 0.900 |" in text
+    assert lines[-1] == "evo (ours) is faster than every peer that ran on 1 of 1 cases."
+
+
+def test_import_dispatch_gives_a_module_per_call_and_survives_a_second_op_registration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mod_path = tmp_path / "m.dispatch.py"
+    mod_path.write_text("STATE = []\ndef run(*a, **k):\n    STATE.append(1)\n")
+    one, two = rmsnorm_peers.import_dispatch(mod_path), rmsnorm_peers.import_dispatch(mod_path)
+    one.run()
+    assert one is not two and one.STATE == [1] and two.STATE == []  # kernels and workspaces apart
+    dup = tmp_path / "dup.dispatch.py"  # what torch raises for the example's op, imported twice
+    dup.write_text("def run(*a, **k):\n    pass\nraise RuntimeError('Tried to register an operator "
+                   "(evo_rmsnorm::fwd(Tensor x, Tensor w) -> Tensor) with the same name and overload name "
+                   "multiple times.')\n")
+    assert callable(rmsnorm_peers.import_dispatch(dup).run)
+    assert "registered by a module imported before it" in capsys.readouterr().err
+    other = tmp_path / "other.dispatch.py"
+    other.write_text("def run(*a, **k):\n    pass\nraise RuntimeError('something else')\n")
+    with pytest.raises(RuntimeError, match="something else"):
+        rmsnorm_peers.import_dispatch(other)
