@@ -143,22 +143,25 @@ def holding(make_call: Callable[..., Callable[[], Any]]) -> Callable[..., Callab
     return make_held
 
 
-def module_call(module: Any) -> Callable[[Any, Any], Callable[[], Any]]:
-    """make_call(x, w) for a dispatch module: y = RMSNorm(x) * w through ``module.run`` on torch's stream."""
+def module_call(module: Any, backward: bool = False) -> Callable[..., Callable[[], Any]]:
+    """make_call for a dispatch module, through ``module.run`` on torch's stream: ``(x, w)`` with
+    y allocated once, or with ``backward`` ``(x, w, dy, rstd)`` with dx and a float32 dw."""
     import torch
 
     dt = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
-    def evo_call(x: Any, w: Any) -> Callable[[], Any]:
+    def evo_call(x: Any, w: Any, *grads: Any) -> Callable[[], Any]:
         import cupy
 
-        y = torch.empty_like(x)
+        outs = [torch.empty_like(x)]
+        if backward:
+            outs.append(torch.empty(x.shape[1], device=x.device, dtype=torch.float32))
         shape = {"M": x.shape[0], "N": x.shape[1]}
-        cx, cw, cy = cupy.asarray(x), cupy.asarray(w), cupy.asarray(y)
+        bufs = [cupy.asarray(t) for t in (x, w, *grads, *outs)]
 
         def call() -> None:
             with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-                module.run(cx, cw, cy, shape=shape, dtype=dt[x.dtype])
+                module.run(*bufs, shape=shape, dtype=dt[x.dtype])
         return call
     return evo_call
 
@@ -272,27 +275,6 @@ def _allow_recompiles(torch: Any) -> None:
             setattr(torch._dynamo.config, knob, 256)
 
 
-def module_call_backward(module: Any) -> Callable[..., Callable[[], Any]]:
-    """make_call(x, w, dy, rstd) for a backward dispatch module: dx and dw through ``module.run``."""
-    import torch
-
-    dt = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
-
-    def evo_call(x: Any, w: Any, dy: Any, rstd: Any) -> Callable[[], Any]:
-        import cupy
-
-        dx = torch.empty_like(x)
-        dw = torch.empty(x.shape[1], device=x.device, dtype=torch.float32)
-        shape = {"M": x.shape[0], "N": x.shape[1]}
-        bufs = [cupy.asarray(t) for t in (x, w, dy, rstd, dx, dw)]
-
-        def call() -> None:
-            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
-                module.run(*bufs, shape=shape, dtype=dt[x.dtype])
-        return call
-    return evo_call
-
-
 def providers_backward(module: Any | None) -> dict[str, Callable[..., Callable[[], Any]]]:
     """name -> make_call(x, w, dy, rstd) for the backward (dx and dw); w and rstd are float32."""
     import torch
@@ -301,7 +283,7 @@ def providers_backward(module: Any | None) -> dict[str, Callable[..., Callable[[
 
     out: dict[str, Callable[..., Callable[[], Any]]] = {}
     if module is not None:
-        out["evo (ours)"] = module_call_backward(module)
+        out["evo (ours)"] = module_call(module, backward=True)
     out["torch"] = lambda x, w, dy, rstd: (lambda: rmsnorm_backward_torch(x, w, dy, rstd))
     _allow_recompiles(torch)
     compiled = torch.compile(rmsnorm_backward_torch, dynamic=False)
@@ -920,8 +902,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"confirmed module: {args.module}", flush=True)
     module = load_module(args)
     provs: dict[str, Any] = providers_backward(module) if args.backward else providers(module)
-    evo_make = module_call_backward if args.backward else module_call
-    provs = with_also(provs, [(name, evo_make(import_dispatch(path))) for name, path in also])
+    provs = with_also(provs, [(name, module_call(import_dispatch(path), args.backward)) for name, path in also])
     provs, skipped = skip_providers(provs, args.skip)
     check_required(provs, args.require)
     provs = {name: holding(make) for name, make in provs.items()}  # outputs rotate with the inputs
