@@ -1144,7 +1144,7 @@ class Engine:
                 from evo.export import top_per_case
 
                 k = self.config.warm_start_per_case
-                top = top_per_case(src, k=k, within=self.config.warm_start_within if k > 1 else None)
+                top = top_per_case(src, k=k, within=self.config.warm_start_within)  # a champion is always within
                 for rank in range(k):  # every case's champion first, then the runners-up
                     for case, recs in top.items():
                         if rank < len(recs):

@@ -457,7 +457,7 @@ def test_warm_start_brings_per_case_champions_the_elites_miss(tmp_path: Path) ->
 
 
 def test_warm_start_per_case_brings_close_runners_up(tmp_path: Path) -> None:
-    """``warm_start_per_case=2`` re-evaluates each case's second fastest too when it is within
+    """``warm_start_per_case=3`` re-evaluates each case's runners-up too when they are within
     ``warm_start_within`` of the champion (for an archive searched on another GPU); a farther one
     is left out, and the default (1) takes the champions alone."""
     from archive import Archive
