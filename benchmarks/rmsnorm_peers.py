@@ -170,12 +170,14 @@ EVO_PREFIX = "evo ("
 """Providers named so are modules of ours (``evo (ours)`` and each ``--also``), never peers."""
 
 
-def parse_also(values: list[str]) -> list[tuple[str, Path]]:
+def parse_also(values: list[str], later: Path | None = None) -> list[tuple[str, Path]]:
     """``--also PATH[=LABEL]`` values as (provider name, path), checked before any GPU work.
 
     The label defaults to the file's name without ``.xz`` and ``.dispatch.py`` (``.py``); the
     provider is ``evo (LABEL)``. The ``--module`` path may be given again: the same module
-    timed twice, each with its own buffers, shows how far ours moves within one run.
+    timed twice, each with its own buffers, shows how far ours moves within one run. ``later``
+    is the module ``--confirm`` will write (``<archive>.confirmed.dispatch.py``): it may be
+    named before it exists, so the confirmed module can be timed twice in the run that makes it.
 
     Raises:
         SystemExit: A missing file, an empty label, the label ``ours``, or a label given twice.
@@ -187,7 +189,7 @@ def parse_also(values: list[str]) -> list[tuple[str, Path]]:
         if not sep:
             label = path.name.removesuffix(".xz").removesuffix(".py").removesuffix(".dispatch")
         label = label.strip()
-        if not path.is_file():
+        if not path.is_file() and not (later is not None and path.resolve() == later.resolve()):
             raise SystemExit(f"--also {v}: no dispatch module at {path}")
         if not label or label == "ours":
             raise SystemExit(f"--also {v}: give the module a label other than 'ours' (PATH=LABEL)")
@@ -767,6 +769,11 @@ def device_line(searched: Any, here: str) -> str:
     return f"Search device: {name}, as here."
 
 
+def confirmed_path(archive_path: str) -> Path:
+    """Where ``--confirm`` writes the module of its winners: ``<archive>.confirmed.dispatch.py``."""
+    return Path(archive_path).with_suffix(".confirmed.dispatch.py")
+
+
 def confirm_choices(archive_path: str, k: int, cases: list[tuple[str, int, int]], out: Path, warmup_ms: float,
                     rounds: int, l2: int, within: float = CONFIRM_WITHIN) -> Path:
     """Re-time the ``k`` fastest genomes of each case here and export the winners; returns the module's path.
@@ -817,7 +824,7 @@ def confirm_choices(archive_path: str, k: int, cases: list[tuple[str, int, int]]
         conf = out.with_suffix(".confirm.md")
         conf.parent.mkdir(parents=True, exist_ok=True)
         conf.write_text("\n".join(lines) + "\n")
-        return export_module(arch, prob, Path(archive_path).with_suffix(".confirmed.dispatch.py"), choices=choices)
+        return export_module(arch, prob, confirmed_path(archive_path), choices=choices)
     finally:
         arch.close()
 
@@ -849,8 +856,9 @@ def main(argv: list[str] | None = None) -> int:
                     "side first and dispatch the winners (<archive>.confirmed.dispatch.py)")
     ap.add_argument("--also", action="append", default=[], metavar="PATH[=LABEL]",
                     help="another dispatch module timed beside ours as 'evo (LABEL)' (repeatable; not a peer in "
-                    "the summary): e.g. two runs' exports side by side, or --module's own path again to see "
-                    "how far ours moves within one run")
+                    "the summary): e.g. two runs' exports side by side, or --module's own path again (with "
+                    "--confirm: <archive>.confirmed.dispatch.py, before it exists) to see how far ours moves "
+                    "within one run")
     ap.add_argument("--confirm-rounds", type=int, default=None, metavar="R",
                     help="rounds of --confirm's timings (default: --rounds); the candidates of a case are often "
                     "closer together than the peers, so they may need more rounds than the table")
@@ -879,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--confirm times forward genomes only (leave out --backward)")
         if args.resume:
             ap.error("--confirm chooses the genomes the table times: it cannot --resume a table timed with others")
-    also = parse_also(args.also)
+    also = parse_also(args.also, confirmed_path(args.archive) if args.confirm else None)
     started = time.monotonic()
     import torch
 

@@ -463,6 +463,17 @@ def test_also_modules_are_named_checked_and_placed_after_ours(tmp_path: Path) ->
     assert list(rmsnorm_peers.with_also({"torch": 2}, [("evo (b)", 4)])) == ["evo (b)", "torch"]
 
 
+def test_also_may_name_the_module_confirm_is_about_to_write(tmp_path: Path) -> None:
+    later = rmsnorm_peers.confirmed_path(str(tmp_path / "run27.lmdb"))
+    assert later == tmp_path / "run27.confirmed.dispatch.py" and not later.exists()
+    got = rmsnorm_peers.parse_also([f"{later}=again"], later=later)
+    assert got == [("evo (again)", later)]
+    with pytest.raises(SystemExit, match="no dispatch module"):  # only that path may be missing
+        rmsnorm_peers.parse_also([f"{tmp_path / 'run26.confirmed.dispatch.py'}=again"], later=later)
+    with pytest.raises(SystemExit, match="no dispatch module"):  # and only with --confirm
+        rmsnorm_peers.parse_also([f"{later}=again"])
+
+
 def test_also_path_that_is_missing_stops_before_any_gpu_work(capsys: pytest.CaptureFixture[str],
                                                              tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no dispatch module"):
