@@ -15,8 +15,10 @@ and writes ``report.md`` with:
 * the lineage of the best genome (seed -> ... -> best, operator and fitness per step);
 * where the evaluation time went: wall seconds per scoring stage (compile, correctness,
   timing, ...) over all records, total, median and 90th percentile per evaluation, and
-  by outcome, from each Evaluation's ``stage_times``; and how many timed cases the
-  Timing stage's racing stopped early.
+  by outcome, from each Evaluation's ``stage_times``; how many timed cases the
+  Timing stage's racing stopped early; inside the Timing stage, seconds per phase (inputs,
+  warm-up, timed batches, references, verification, the determinism relaunch) and the
+  cases that cost the most.
 
 ``evo report ARCHIVE [-o DIR]`` calls it.
 """
@@ -99,17 +101,40 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
         ``"racing"``: ``{"cases", "raced", "evaluations"}``: the timed cases reported with a
         racing decision (``metrics["cases"][key]["raced"]``, see ``fitness.Timing``), how
         many of them stopped early, and in how many evaluations; ``None`` when no record
-        reports one.
+        reports one. ``"phases"``: inside the Timing stage, wall seconds per phase (inputs,
+        warmup, timed, reference, verify, determinism: ``metrics["cases"][key]["phases_s"]``),
+        each ``{"phase", "evaluations", "total_s", "per_evaluation_s", "share"}`` (share of
+        all phases), in order of first appearance; ``"costliest_cases"``: the cases whose
+        phases took longest in all, ``{"case", "evaluations", "total_s", "per_evaluation_s"}``,
+        longest first (at most :data:`COSTLIEST_CASES`). Both empty when no record has phases.
     """
     per_stage: dict[str, list[float]] = {}
     per_record: list[float] = []
     by_status: dict[str, dict[str, float]] = {}
     untimed = 0
     racing = {"cases": 0, "raced": 0, "evaluations": 0}
+    phase_s: dict[str, float] = {}
+    phase_n: dict[str, int] = {}
+    case_s: dict[str, float] = {}
+    case_n: dict[str, int] = {}
     for r in records:
         cases = (r.evaluation.metrics or {}).get("cases")
         flags = [c["raced"] for c in cases.values() if isinstance(c, Mapping) and "raced" in c] \
             if isinstance(cases, Mapping) else []
+        seen: set[str] = set()
+        for key, c in (cases.items() if isinstance(cases, Mapping) else ()):
+            ph = c.get("phases_s") if isinstance(c, Mapping) else None
+            if not isinstance(ph, Mapping):
+                continue
+            good = {str(k): float(v) for k, v in ph.items()
+                    if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+            for k, v in good.items():
+                phase_s[k] = phase_s.get(k, 0.0) + v
+                seen.add(k)
+            case_s[str(key)] = case_s.get(str(key), 0.0) + sum(good.values())
+            case_n[str(key)] = case_n.get(str(key), 0) + 1
+        for k in seen:
+            phase_n[k] = phase_n.get(k, 0) + 1
         racing["cases"] += len(flags)
         racing["raced"] += sum(1 for f in flags if f)
         racing["evaluations"] += 1 if any(flags) else 0
@@ -136,9 +161,18 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
         stages.append({"stage": k, "evaluations": len(vals), "total_s": total, "median_s": med, "p90_s": p90,
                        "share": total / grand if grand > 0 else None})
     med, p90 = (float(q) for q in np.percentile(per_record, [50, 90])) if per_record else (None, None)
+    all_phases = sum(phase_s.values())
+    phases = [{"phase": k, "evaluations": phase_n[k], "total_s": v, "per_evaluation_s": v / phase_n[k],
+               "share": v / all_phases if all_phases > 0 else None} for k, v in phase_s.items()]
+    costliest = [{"case": k, "evaluations": case_n[k], "total_s": v, "per_evaluation_s": v / case_n[k]}
+                 for k, v in sorted(case_s.items(), key=lambda kv: -kv[1])[:COSTLIEST_CASES]]
     return {"evaluations": len(per_record), "untimed": untimed, "total_s": grand,
             "per_evaluation": {"median_s": med, "p90_s": p90}, "stages": stages, "by_status": by_status,
-            "racing": racing if racing["cases"] else None}
+            "racing": racing if racing["cases"] else None, "phases": phases, "costliest_cases": costliest}
+
+
+COSTLIEST_CASES = 5
+"""How many of the costliest cases (by the Timing stage's phase seconds) a report lists."""
 
 
 def _axes(archive: Any, elites: Sequence[Any]) -> list[dict[str, Any]]:
@@ -427,6 +461,17 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
             md += [f"Racing: {race['raced']} of {race['cases']} timed cases (in {race['evaluations']} evaluations) "
                    "stopped after their first timed batches, slower than the case's best time by more than the "
                    "Timing stage's margin; the rest were timed in full.", ""]
+        if timing["phases"]:
+            md += ["Inside the timing stage, per case and summed (wall seconds of its phases: drawing the "
+                   "inputs, warm-up, the timed batches, the reference of each timed set, verifying the outputs, "
+                   "the relaunch that checks determinism):", "",
+                   "| phase | evaluations | total (s) | per evaluation (s) | share |", "| --- | ---: | ---: | ---: | ---: |"]
+            for ph in timing["phases"]:
+                md.append(f"| {ph['phase']} | {ph['evaluations']} | {ph['total_s']:.2f} | "
+                          f"{ph['per_evaluation_s']:.3f} | {_g(ph['share'], '.1%')} |")
+            md += ["", "Costliest cases (all phases): " + "; ".join(
+                f"{c['case']} {c['per_evaluation_s']:.3f} s per evaluation ({c['evaluations']})"
+                for c in timing["costliest_cases"]) + ".", ""]
     else:
         md += ["No stage times recorded.", ""]
 

@@ -199,13 +199,39 @@ def test_stage_time_summary_counts_raced_cases() -> None:
     assert s["racing"] == {"cases": 6, "raced": 3, "evaluations": 2}
 
 
+def test_stage_time_summary_sums_the_timing_phases_and_ranks_the_cases() -> None:
+    def rec(**cases: dict[str, float]) -> Record:
+        metrics = {"cases": {k: {"time_ms": 1.0, "phases_s": v} for k, v in cases.items()}}
+        return Record(Genome("k", {"A": len(cases), "B": sum(sum(v.values()) for v in cases.values())}),
+                      Evaluation(Status.OK, fitness=1.0, metrics=metrics, stage_times={"timing": 1.0}))
+
+    recs = [rec(big={"inputs": 2.0, "timed": 1.0, "reference": 1.0}, small={"inputs": 0.5, "timed": 0.5}),
+            rec(big={"inputs": 4.0, "timed": 1.0, "reference": float("nan")}),  # a bad value is ignored
+            rec(small={"inputs": 0.5, "warmup": -1.0}),
+            _timed(Status.OK, timing=1.0)]  # no cases: counts for no phase
+    s = stage_time_summary(recs)
+    by = {p["phase"]: p for p in s["phases"]}
+    assert [p["phase"] for p in s["phases"]] == ["inputs", "timed", "reference"]  # first appearance
+    assert by["inputs"] == {"phase": "inputs", "evaluations": 3, "total_s": 7.0, "per_evaluation_s": 7.0 / 3,
+                            "share": 7.0 / 10.5}
+    assert by["timed"]["evaluations"] == 2 and by["timed"]["total_s"] == 2.5
+    assert by["reference"]["evaluations"] == 1 and by["reference"]["per_evaluation_s"] == 1.0
+    assert abs(sum(p["share"] for p in s["phases"]) - 1.0) < 1e-12
+    assert s["costliest_cases"] == [{"case": "big", "evaluations": 2, "total_s": 9.0, "per_evaluation_s": 4.5},
+                                    {"case": "small", "evaluations": 2, "total_s": 1.5, "per_evaluation_s": 0.75}]
+    many = stage_time_summary([rec(**{f"c{i}": {"timed": float(i)} for i in range(9)})])["costliest_cases"]
+    assert [c["case"] for c in many] == ["c8", "c7", "c6", "c5", "c4"]  # longest first, five at most
+    assert stage_time_summary([_timed(Status.OK, timing=1.0)])["phases"] == []
+
+
 def test_report_says_where_the_time_went(tmp_path: Path) -> None:
     from archive import Archive
 
     a = Archive(make_problem(), str(tmp_path / "a"))
     g = Genome("extern \"C\" __global__ void axpy() {}", {"UNROLL": 1, "VEC": 2, "THREADS": 128}, entry="axpy")
     a.add(Record(g, Evaluation(Status.OK, fitness=0.5,
-                               metrics={"cases": {"N=1000:float32": {"time_ms": 0.01, "raced": True}}},
+                               metrics={"cases": {"N=1000:float32": {"time_ms": 0.01, "raced": True,
+                                                                     "phases_s": {"inputs": 0.25, "timed": 0.5}}}},
                                resources={"registers": 32}, stage_times={"compile": 1.25, "timing": 0.75}),
                  operator="seed"))
     a.add(Record(g.with_params(UNROLL=2), Evaluation(Status.COMPILE_ERROR, stage_times={"compile": 2.0}),
@@ -218,6 +244,8 @@ def test_report_says_where_the_time_went(tmp_path: Path) -> None:
     assert "| timing | 1 | 0.75 | 18.8% | 0.750 | 0.750 |" in text
     assert "| compile_error | 1 | 2.00 |" in text and "| ok | 1 | 2.00 |" in text
     assert "Racing: 1 of 1 timed cases (in 1 evaluations) stopped" in text
+    assert "| inputs | 1 | 0.25 | 0.250 | 33.3% |" in text and "| timed | 1 | 0.50 | 0.500 | 66.7% |" in text
+    assert "Costliest cases (all phases): N=1000:float32 0.750 s per evaluation (1)." in text
 
 
 def test_report_without_stage_times(run_archive: Path, tmp_path: Path) -> None:
