@@ -51,6 +51,17 @@ def _records(source: Any) -> Iterable[Record]:
     return source
 
 
+def _case_time(rec: Record, key: str) -> float | None:
+    """The record's time on case ``key`` in ms: an OK record's finite, positive ``time_ms``, else None."""
+    if rec.status is not Status.OK:
+        return None
+    m = (rec.evaluation.metrics.get("cases") or {}).get(key)
+    t = m.get("time_ms") if isinstance(m, Mapping) else None
+    if t is None or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+        return None
+    return float(t)
+
+
 def _case_times(source: Any, problem: Problem | None) -> dict[str, list[tuple[float, Record]]]:
     """Case key -> (time, record) of every OK record timed on it (the Problem's timed cases only)."""
     wanted = {c.key for c in problem.timed_cases()} if problem is not None else None
@@ -58,14 +69,12 @@ def _case_times(source: Any, problem: Problem | None) -> dict[str, list[tuple[fl
     for rec in _records(source):
         if rec.status is not Status.OK:
             continue
-        cases = rec.evaluation.metrics.get("cases") or {}
-        for key, m in cases.items():
+        for key in rec.evaluation.metrics.get("cases") or {}:
             if wanted is not None and key not in wanted:
                 continue
-            t = m.get("time_ms") if isinstance(m, Mapping) else None
-            if t is None or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-                continue
-            out.setdefault(key, []).append((float(t), rec))
+            t = _case_time(rec, key)
+            if t is not None:
+                out.setdefault(key, []).append((t, rec))
     return out
 
 
@@ -391,8 +400,7 @@ def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code
         if key not in best:
             raise ExportError(f"choices: case {key!r} is not a timed case of these records "
                               f"(timed: {', '.join(sorted(best)[:4])}{', ...' if len(best) > 4 else ''})")
-        m = (rec.evaluation.metrics.get("cases") or {}).get(key) if rec.status is Status.OK else None
-        if not isinstance(m, Mapping) or not isinstance(m.get("time_ms"), (int, float)):
+        if _case_time(rec, key) is None:
             raise ExportError(f"choices: record {rec.genome.id[:12]} for {key!r} is not an OK record timed on "
                               "that case (choose among top_per_case's candidates)")
         best[key] = rec
