@@ -84,6 +84,11 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _seconds(times: Mapping[Any, Any]) -> dict[str, float]:
+    """The finite, non-negative numbers of a name -> seconds mapping (others are ignored)."""
+    return {str(k): float(v) for k, v in times.items() if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+
+
 def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
     """Where the scoring time of ``records`` went, from each Evaluation's ``stage_times``.
 
@@ -126,8 +131,7 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
             ph = c.get("phases_s") if isinstance(c, Mapping) else None
             if not isinstance(ph, Mapping):
                 continue
-            good = {str(k): float(v) for k, v in ph.items()
-                    if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+            good = _seconds(ph)
             for k, v in good.items():
                 phase_s[k] = phase_s.get(k, 0.0) + v
                 seen.add(k)
@@ -139,8 +143,7 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
         racing["raced"] += sum(1 for f in flags if f)
         racing["evaluations"] += 1 if any(flags) else 0
         times = getattr(r.evaluation, "stage_times", None) or {}
-        clean = {str(k): float(v) for k, v in times.items()
-                 if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0}
+        clean = _seconds(times)
         if not clean:
             untimed += 1
             continue
