@@ -150,6 +150,25 @@ def _check(prob: Problem, genome: Genome, shapes=SMALL, offsets: dict[str, int] 
                 assert e <= prob.tolerances[dt], f"{genome.params} {case.key} {name}: rel err {e:.3g}"
 
 
+def test_reference_on_the_device_matches_numpy(cuda_device) -> None:
+    """The references' fused cupy paths (sum of squares, scaling) agree with the numpy ones."""
+    import cupy as cp
+
+    from examples.rmsnorm_problem import bwd_make_inputs, fwd_make_inputs, fwd_reference
+
+    for i, shape in enumerate(SMALL + [{"M": 300, "N": 3000}]):
+        case = Case(shape, "float32")
+        inp = fwd_make_inputs(case, np.random.default_rng(i), np)
+        want = fwd_reference(inp, case, np)["y"]
+        got = fwd_reference({k: cp.asarray(v) for k, v in inp.items()}, case, cp)["y"]
+        assert got.dtype == cp.float32 and got.shape == want.shape
+        np.testing.assert_allclose(cp.asnumpy(got), want, rtol=3e-7, atol=0, err_msg=case.key)
+        bwd = bwd_make_inputs(case, np.random.default_rng(i), cp)  # rstd from the fused reduction
+        x = cp.asnumpy(bwd["x"]).reshape(shape["M"], shape["N"]).astype(np.float64)
+        rstd = 1.0 / np.sqrt((x * x).mean(axis=1) + 1e-6)
+        np.testing.assert_allclose(cp.asnumpy(bwd["rstd"]), rstd.astype(np.float32), rtol=3e-7, err_msg=case.key)
+
+
 def test_forward_seeds(cuda_device) -> None:
     prob = make_forward_problem()
     _compile(prob, prob.seeds)
