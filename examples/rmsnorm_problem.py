@@ -175,14 +175,14 @@ def _is_cupy(xp: Any) -> bool:
     return getattr(xp, "__name__", "") == "cupy"
 
 
-def _rms_rows(x: Any, xp: Any, chunk_elems: int = 1 << 24) -> Any:
+def _rms_rows(x: Any, xp: Any, chunk_elems: int = 1 << 24, fused: bool = True) -> Any:
     """mean(x**2) per row with float64 accumulation, in row chunks to bound temporaries.
 
-    On cupy one fused reduction reads x once (the evaluator computes a reference for every
-    timed set, and at the long rows the unfused passes over float64 temporaries cost more
-    device time than timing the kernel)."""
+    On cupy (``fused``) one fused reduction reads x once (the evaluator computes a reference
+    for every timed set, and at the long rows the unfused passes over float64 temporaries cost
+    more device time than timing the kernel)."""
     m, n = x.shape
-    if _is_cupy(xp) and m and n:
+    if fused and _is_cupy(xp) and m and n:
         return _cupy_kernel("sumsq")(x, axis=1) / n
     out = xp.empty(m, dtype=xp.float64)
     step = max(1, chunk_elems // max(n, 1))
@@ -223,13 +223,16 @@ def fwd_make_inputs(case: Case, rng: np.random.Generator, xp: Any = np) -> dict[
     return {"x": x.reshape(-1), "w": w}
 
 
-def fwd_reference(inputs: Mapping[str, Any], case: Case, xp: Any = np) -> dict[str, Any]:
-    """y in float32 from the stored inputs (mean of squares accumulated in float64)."""
+def fwd_reference(inputs: Mapping[str, Any], case: Case, xp: Any = np, *, fused: bool = True) -> dict[str, Any]:
+    """y in float32 from the stored inputs (mean of squares accumulated in float64).
+
+    ``fused=False`` takes the chunked whole-array passes on cupy too (the comparison of
+    benchmarks/rmsnorm_reference_bench.py); numpy always does."""
     m, n = case["M"], case["N"]
     x = _host(inputs["x"], xp).reshape(m, n).astype(xp.float32, copy=False)
     w = _host(inputs["w"], xp).astype(xp.float32, copy=False)
-    rstd = (1.0 / xp.sqrt(_rms_rows(x, xp) + EPS)).astype(xp.float32)
-    if _is_cupy(xp):
+    rstd = (1.0 / xp.sqrt(_rms_rows(x, xp, fused=fused) + EPS)).astype(xp.float32)
+    if fused and _is_cupy(xp):
         return {"y": _cupy_kernel("scale")(x, rstd[:, None], w[None, :]).reshape(-1)}
     y = (x * rstd[:, None]) * w[None, :]
     return {"y": y.reshape(-1)}

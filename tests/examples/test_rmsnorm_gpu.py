@@ -160,9 +160,12 @@ def test_reference_on_the_device_matches_numpy(cuda_device) -> None:
         case = Case(shape, "float32")
         inp = fwd_make_inputs(case, np.random.default_rng(i), np)
         want = fwd_reference(inp, case, np)["y"]
-        got = fwd_reference({k: cp.asarray(v) for k, v in inp.items()}, case, cp)["y"]
+        dev = {k: cp.asarray(v) for k, v in inp.items()}
+        got = fwd_reference(dev, case, cp)["y"]
         assert got.dtype == cp.float32 and got.shape == want.shape
         np.testing.assert_allclose(cp.asnumpy(got), want, rtol=3e-7, atol=0, err_msg=case.key)
+        chunked = fwd_reference(dev, case, cp, fused=False)["y"]  # the path benchmarks/rmsnorm_reference_bench.py times
+        np.testing.assert_allclose(cp.asnumpy(chunked), want, rtol=3e-7, atol=0, err_msg=case.key)
         bwd = bwd_make_inputs(case, np.random.default_rng(i), cp)  # rstd from the fused reduction
         x = cp.asnumpy(bwd["x"]).reshape(shape["M"], shape["N"]).astype(np.float64)
         rstd = 1.0 / np.sqrt((x * x).mean(axis=1) + 1e-6)
