@@ -14,7 +14,10 @@ in its last bit)::
     python benchmarks/rmsnorm_reference_bench.py --shapes 32768x4096,8192x262144 --repeats 5
 
 Prints one line per shape: min-max seconds of each path, the ratio of the minima, and
-max |y_fused - y_chunked| / max |y_chunked|.
+max |y_fused - y_chunked| / max |y_chunked|; then the inputs' generator on the same size
+(``fitness.random_normal``) with and without the per-row scale the forward's x carries (the
+scaled kernel used to divide by the row length per element; run this on two checkouts to
+compare before and after).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from evo.types import Case
     from examples.rmsnorm_problem import fwd_reference
+    from fitness import random_normal
 
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; cupy {cp.__version__}", flush=True)
     for m, n in shapes:
@@ -85,6 +89,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m}x{n}: chunked {old[0] * 1e3:.2f}-{old[1] * 1e3:.2f} ms, fused {new[0] * 1e3:.2f}-{new[1] * 1e3:.2f} ms, "
               f"chunked/fused {old[0] / new[0]:.2f}, max|diff|/max|y| {diff:.2g}", flush=True)
         inp = res = old = new = y = None
+        cp.get_default_memory_pool().free_all_blocks()
+        scale = cp.ones(m, dtype=cp.float32)
+        gen = {}
+        for label, kw in (("unscaled", {}), ("scaled", {"scale": scale})):
+            random_normal(1, (m, n), cp, **kw)
+            cp.cuda.runtime.deviceSynchronize()
+            ts = []
+            for r in range(args.repeats):
+                t0 = time.perf_counter()
+                z = random_normal(2 + r, (m, n), cp, **kw)
+                cp.cuda.runtime.deviceSynchronize()
+                ts.append(time.perf_counter() - t0)
+                z = None
+            gen[label] = min(ts)
+        print(f"{m}x{n}: random_normal unscaled {gen['unscaled'] * 1e3:.2f} ms, scaled {gen['scaled'] * 1e3:.2f} ms",
+              flush=True)
         cp.get_default_memory_pool().free_all_blocks()
     return 0
 
