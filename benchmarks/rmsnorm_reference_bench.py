@@ -15,9 +15,8 @@ in its last bit)::
 
 Prints one line per shape: min-max seconds of each path, the ratio of the minima, and
 max |y_fused - y_chunked| / max |y_chunked|; then the inputs' generator on the same size
-(``fitness.random_normal``) with and without the per-row scale the forward's x carries (the
-scaled kernel used to divide by the row length per element; run this on two checkouts to
-compare before and after).
+(``fitness.random_normal``) with and without the per-row scale the forward's x carries: the
+other large share of an evaluation's time at long rows (the inputs are drawn twice per case).
 """
 
 from __future__ import annotations

@@ -151,19 +151,9 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
     return z ^ (z >> 31);
 }
 
-// i / row_len without a 64-bit integer division (tens of instructions per element, the bulk of
-// this kernel's time at 2^31 elements): a double-precision estimate is within one of the
-// quotient for quotients below 2^51, and one step corrects it.
-__device__ __forceinline__ long long row_of(long long i, long long row_len, double inv_row_len) {
-    long long q = (long long)((double)i * inv_row_len);
-    if (q * row_len > i) --q;
-    else if ((q + 1) * row_len <= i) ++q;
-    return q;
-}
-
 extern "C" __global__ void normal_f32(float* __restrict__ out, long long n, u64 seed,
                                       const float* __restrict__ scale, const float* __restrict__ shift,
-                                      long long row_len, double inv_row_len) {
+                                      long long row_len) {
     long long pairs = (n + 1) >> 1;
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += stride) {
@@ -179,11 +169,8 @@ extern "C" __global__ void normal_f32(float* __restrict__ out, long long n, u64 
             long long i = 2 * p + h;
             if (i < n) {
                 float x = v[h];
-                if (scale || shift) {
-                    long long r = row_of(i, row_len, inv_row_len);
-                    if (scale) x *= scale[r];
-                    if (shift) x += shift[r];
-                }
+                if (scale) x *= scale[i / row_len];
+                if (shift) x += shift[i / row_len];
                 out[i] = x;
             }
         }
@@ -290,8 +277,7 @@ class Fused:
             ptrs.append(v)
         if n:
             grid = max(1, min(GRID * 8, -(-((n + 1) // 2) // BLOCK)))
-            args = (out, cp.int64(n), cp.uint64(int(seed) & (2**64 - 1)), ptrs[0], ptrs[1], cp.int64(row_len),
-                    cp.float64(1.0 / row_len))
+            args = (out, cp.int64(n), cp.uint64(int(seed) & (2**64 - 1)), ptrs[0], ptrs[1], cp.int64(row_len))
             self._fn("normal_f32")((grid,), (BLOCK,), args)
         return out
 

@@ -99,35 +99,6 @@ def test_gpu_fused_compare_matches_whole_array_path(dtype):
     assert special == 1
 
 
-def _row_of(i: int, row_len: int) -> int:
-    """The normal kernel's row_of, step for step (a double estimate, one correction)."""
-    q = int(float(i) * (1.0 / row_len))  # C's (long long) cast truncates toward zero, as int() does
-    if q * row_len > i:
-        q -= 1
-    elif (q + 1) * row_len <= i:
-        q += 1
-    return q
-
-
-def test_normal_row_of_is_the_exact_quotient():
-    """The scaled normal kernel's row index without a 64-bit division equals i // row_len, at row
-    edges, for every row length the timed shapes use and for quotients far past any buffer."""
-    rng = np.random.default_rng(3)
-    lens = [1, 2, 3, 7, 255, 256, 1000, 1001, 1024, 4099, 65537, 131072, 262144, 1 << 20, (1 << 31) - 1]
-    for row_len in lens:
-        for q in [0, 1, 2, 3, 1000, 8191, 16383, 32767, 1 << 20, 1 << 31, (1 << 40) + 3]:
-            for i in (q * row_len - 1, q * row_len, q * row_len + 1, q * row_len + row_len - 1):
-                if i >= 0:
-                    assert _row_of(i, row_len) == i // row_len, (i, row_len)
-        for i in rng.integers(0, 1 << 48, size=2000):
-            assert _row_of(int(i), row_len) == int(i) // row_len, (int(i), row_len)
-
-
-def test_normal_kernel_takes_the_row_without_dividing():
-    body = SOURCE.split("normal_f32(")[1].split("extern")[0]
-    assert "/ row_len" not in body and "row_of(i, row_len, inv_row_len)" in body
-
-
 @pytest.mark.gpu
 @needs_gpu
 def test_gpu_fused_normal_statistics_scale_and_seed():
