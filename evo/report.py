@@ -109,9 +109,12 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
         reports one. ``"phases"``: inside the Timing stage, wall seconds per phase (inputs,
         warmup, timed, reference, verify, determinism: ``metrics["cases"][key]["phases_s"]``),
         each ``{"phase", "evaluations", "total_s", "per_evaluation_s", "share"}`` (share of
-        all phases), in order of first appearance; ``"costliest_cases"``: the cases whose
-        phases took longest in all, ``{"case", "evaluations", "total_s", "per_evaluation_s"}``,
-        longest first (at most :data:`COSTLIEST_CASES`). Both empty when no record has phases.
+        all phases), in order of first appearance; ``"phase_parts"``: the same for the parts
+        a phase records beside itself under ``"<phase>/<part>"`` (``inputs/draw``, ...), with
+        ``share`` of their phase's total; parts count in neither the phases' total nor the
+        cases'; ``"costliest_cases"``: the cases whose phases took longest in all,
+        ``{"case", "evaluations", "total_s", "per_evaluation_s"}``, longest first (at most
+        :data:`COSTLIEST_CASES`). All empty when no record has phases.
     """
     per_stage: dict[str, list[float]] = {}
     per_record: list[float] = []
@@ -135,7 +138,7 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
             for k, v in good.items():
                 phase_s[k] = phase_s.get(k, 0.0) + v
                 seen.add(k)
-            case_s[str(key)] = case_s.get(str(key), 0.0) + sum(good.values())
+            case_s[str(key)] = case_s.get(str(key), 0.0) + sum(v for k, v in good.items() if "/" not in k)
             case_n[str(key)] = case_n.get(str(key), 0) + 1
         for k in seen:
             phase_n[k] = phase_n.get(k, 0) + 1
@@ -164,14 +167,22 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
         stages.append({"stage": k, "evaluations": len(vals), "total_s": total, "median_s": med, "p90_s": p90,
                        "share": total / grand if grand > 0 else None})
     med, p90 = (float(q) for q in np.percentile(per_record, [50, 90])) if per_record else (None, None)
-    all_phases = sum(phase_s.values())
+    whole = {k: v for k, v in phase_s.items() if "/" not in k}
+    all_phases = sum(whole.values())
     phases = [{"phase": k, "evaluations": phase_n[k], "total_s": v, "per_evaluation_s": v / phase_n[k],
-               "share": v / all_phases if all_phases > 0 else None} for k, v in phase_s.items()]
+               "share": v / all_phases if all_phases > 0 else None} for k, v in whole.items()]
+    parts = []
+    for k, v in phase_s.items():
+        if "/" in k:
+            parent = whole.get(k.split("/", 1)[0], 0.0)
+            parts.append({"phase": k, "evaluations": phase_n[k], "total_s": v, "per_evaluation_s": v / phase_n[k],
+                          "share": v / parent if parent > 0 else None})
     costliest = [{"case": k, "evaluations": case_n[k], "total_s": v, "per_evaluation_s": v / case_n[k]}
                  for k, v in sorted(case_s.items(), key=lambda kv: -kv[1])[:COSTLIEST_CASES]]
     return {"evaluations": len(per_record), "untimed": untimed, "total_s": grand,
             "per_evaluation": {"median_s": med, "p90_s": p90}, "stages": stages, "by_status": by_status,
-            "racing": racing if racing["cases"] else None, "phases": phases, "costliest_cases": costliest}
+            "racing": racing if racing["cases"] else None, "phases": phases, "phase_parts": parts,
+            "costliest_cases": costliest}
 
 
 COSTLIEST_CASES = 5
@@ -472,6 +483,15 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
             for ph in timing["phases"]:
                 md.append(f"| {ph['phase']} | {ph['evaluations']} | {ph['total_s']:.2f} | "
                           f"{ph['per_evaluation_s']:.3f} | {_g(ph['share'], '.1%')} |")
+            if timing.get("phase_parts"):
+                md += ["", "Parts of a phase, timed inside it (share: of that phase; for the inputs: allocating the "
+                       "buffers, drawing the values, storing them in the buffers' types, their checksums, "
+                       "poisoning the outputs):", "",
+                       "| part | evaluations | total (s) | per evaluation (s) | share of its phase |",
+                       "| --- | ---: | ---: | ---: | ---: |"]
+                for ph in timing["phase_parts"]:
+                    md.append(f"| {ph['phase']} | {ph['evaluations']} | {ph['total_s']:.2f} | "
+                              f"{ph['per_evaluation_s']:.3f} | {_g(ph['share'], '.1%')} |")
             md += ["", "Costliest cases (all phases): " + "; ".join(
                 f"{c['case']} {c['per_evaluation_s']:.3f} s per evaluation ({c['evaluations']})"
                 for c in timing["costliest_cases"]) + ".", ""]

@@ -332,24 +332,35 @@ def _new_set(backend: Backend, specs: Sequence[ArgSpec], scalars: Sequence[Any],
     return _CaseSet(bufs, args)
 
 
-def _fill_inputs(backend: Backend, problem: Problem, case: Case, cs: _CaseSet, seed: int) -> None:
+def _fill_inputs(backend: Backend, problem: Problem, case: Case, cs: _CaseSet, seed: int,
+                 phases: _Phases | None = None) -> None:
+    """New contents for the set's inputs from ``problem.make_inputs`` and their checksums.
+
+    With ``phases``, the three parts are timed apart (device-synchronised): ``inputs/draw``
+    (make_inputs), ``inputs/store`` (the values converted to the buffers' storage types and
+    copied in) and ``inputs/sums`` (the checksums :func:`_integrity` compares after launches).
+    """
     xp = backend.xp
     if problem.make_inputs is None:
         raise ProblemError(f"Problem {problem.name!r} has no make_inputs(case, rng, xp)")
-    values = problem.make_inputs(case, backend.rng(seed), xp)
-    for name, buf in cs.buffers.items():
-        if buf.spec.role != "in":
-            continue
-        if name not in values:
-            raise ProblemError(f"make_inputs({case.key}) returned no array for input {name!r} "
-                               f"(got {sorted(values)})")
-        arr = xp.asarray(values[name]).reshape(-1)
-        if arr.size != buf.spec.numel:
-            raise ProblemError(f"make_inputs({case.key})[{name!r}] has {arr.size} elements, "
-                               f"signature says {buf.spec.numel}")
-        buf.array[...] = to_storage(arr, buf.spec.dtype, xp)
-    del values
-    cs.in_sums = {n: checksum(b.array, xp) for n, b in cs.buffers.items() if b.spec.role == "in"}
+    part = phases if phases is not None else _Phases()
+    with part("inputs/draw", sync=True):
+        values = problem.make_inputs(case, backend.rng(seed), xp)
+    with part("inputs/store", sync=True):
+        for name, buf in cs.buffers.items():
+            if buf.spec.role != "in":
+                continue
+            if name not in values:
+                raise ProblemError(f"make_inputs({case.key}) returned no array for input {name!r} "
+                                   f"(got {sorted(values)})")
+            arr = xp.asarray(values[name]).reshape(-1)
+            if arr.size != buf.spec.numel:
+                raise ProblemError(f"make_inputs({case.key})[{name!r}] has {arr.size} elements, "
+                                   f"signature says {buf.spec.numel}")
+            buf.array[...] = to_storage(arr, buf.spec.dtype, xp)
+        del values
+    with part("inputs/sums", sync=True):
+        cs.in_sums = {n: checksum(b.array, xp) for n, b in cs.buffers.items() if b.spec.role == "in"}
 
 
 def _poison_outputs(backend: Backend, cs: _CaseSet) -> None:
@@ -566,22 +577,42 @@ _MAX_BATCH = 8192
 
 
 class _Phases:
-    """Wall seconds spent per named phase (``with phases("inputs"): ...``)."""
+    """Wall seconds spent per named phase (``with phases("inputs"): ...``).
 
-    def __init__(self) -> None:
+    A name with a slash is a part of the phase before the slash, timed inside it
+    (``with phases("inputs/draw", sync=True)``): the parts are kept beside their phase,
+    not added to it. With ``sync=True`` and a ``sync`` callable (the device
+    synchronisation), the part starts and ends on an idle device, so its wall time is the
+    device time of the work issued inside it.
+    """
+
+    def __init__(self, sync: Callable[[], None] | None = None) -> None:
         self.seconds: dict[str, float] = {}
-        self._name = ""
+        self._sync = sync
+
+    def __call__(self, name: str, *, sync: bool = False) -> _Phase:
+        return _Phase(self, name, self._sync if sync else None)
+
+
+class _Phase:
+    """One timed span of a :class:`_Phases` (a context manager; spans of one name add up)."""
+
+    def __init__(self, owner: _Phases, name: str, sync: Callable[[], None] | None) -> None:
+        self._owner = owner
+        self._name = name
+        self._sync = sync
         self._t0 = 0.0
 
-    def __call__(self, name: str) -> _Phases:
-        self._name = name
-        return self
-
     def __enter__(self) -> None:
+        if self._sync is not None:
+            self._sync()
         self._t0 = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
-        self.seconds[self._name] = self.seconds.get(self._name, 0.0) + time.perf_counter() - self._t0
+        if self._sync is not None:
+            self._sync()
+        secs = self._owner.seconds
+        secs[self._name] = secs.get(self._name, 0.0) + time.perf_counter() - self._t0
 
 
 @dataclass
@@ -716,7 +747,7 @@ class Timing(Stage):
                    launch: Launch, specs: Sequence[ArgSpec], canary: Any, device: DeviceInfo, ctx: StageContext,
                    opts: Mapping[str, Any], incumbent: float | None = None) -> dict[str, Any] | StageResult:
         xp = backend.xp
-        phases = _Phases()
+        phases = _Phases(sync=backend.synchronize)
         scalars = _scalars(problem, case)
         set_bytes = sum(s.nbytes + 2 * GUARD_BYTES for s in specs)
         data_bytes = sum(s.nbytes for s in specs)  # what the kernel touches (guards are not read)
@@ -725,11 +756,13 @@ class Timing(Stage):
         # contents after warm-up and by the bandwidth ceiling below).
         room = int(0.6 * backend.free_bytes()) // max(1, 3 * set_bytes)  # inputs' temporaries and refs too
         k = rotation_sets(device.l2_bytes, data_bytes, most=int(opts.get("max_sets", 64)), fit=room)
-        with phases("inputs"):
-            sets = [_new_set(backend, specs, scalars, canary) for _ in range(k)]
+        with phases("inputs", sync=True):
+            with phases("inputs/alloc", sync=True):
+                sets = [_new_set(backend, specs, scalars, canary) for _ in range(k)]
             for si, cs in enumerate(sets):
-                _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, si, "warm"))
-                _poison_outputs(backend, cs)
+                _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, si, "warm"), phases)
+                with phases("inputs/poison", sync=True):
+                    _poison_outputs(backend, cs)
         # Warm-up: a first round over the sets (launch by launch) estimates the time per
         # launch; then the batch of B launches is recorded once (a CUDA graph where the
         # backend can) and replayed until warmup_ms have passed and at least twice.
@@ -753,11 +786,11 @@ class Timing(Stage):
                 if rounds >= 1000:
                     break
         # New contents everywhere: a result cached during warm-up is now wrong.
-        with phases("inputs"):
+        with phases("inputs", sync=True):
             for si, cs in enumerate(sets):
-                _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, si, "timed"))
-                _poison_outputs(backend, cs)
-            backend.synchronize()
+                _fill_inputs(backend, problem, case, cs, derive_seed(ctx.seed, ci, si, "timed"), phases)
+                with phases("inputs/poison", sync=True):
+                    _poison_outputs(backend, cs)
         if "timing_batches" in opts and opts["timing_batches"]:
             r = max(10, int(opts["timing_batches"]))
         else:

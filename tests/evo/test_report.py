@@ -224,6 +224,25 @@ def test_stage_time_summary_sums_the_timing_phases_and_ranks_the_cases() -> None
     assert stage_time_summary([_timed(Status.OK, timing=1.0)])["phases"] == []
 
 
+def test_stage_time_summary_keeps_the_parts_of_a_phase_apart() -> None:
+    def rec(ph: dict[str, float]) -> Record:
+        return Record(Genome("k", {"A": len(ph), "B": int(sum(ph.values()))}),
+                      Evaluation(Status.OK, fitness=1.0, metrics={"cases": {"c": {"time_ms": 1.0, "phases_s": ph}}},
+                                 stage_times={"timing": 1.0}))
+
+    s = stage_time_summary([rec({"inputs": 2.0, "inputs/draw": 1.5, "inputs/store": 0.25, "timed": 2.0}),
+                            rec({"inputs": 2.0, "inputs/draw": 0.5, "timed": 4.0, "warmup/odd": 1.0})])
+    assert [p["phase"] for p in s["phases"]] == ["inputs", "timed"]  # the parts are not phases of their own
+    assert sum(p["total_s"] for p in s["phases"]) == 10.0 and s["phases"][0]["share"] == 0.4
+    parts = {p["phase"]: p for p in s["phase_parts"]}
+    assert parts["inputs/draw"] == {"phase": "inputs/draw", "evaluations": 2, "total_s": 2.0,
+                                    "per_evaluation_s": 1.0, "share": 0.5}  # of the inputs phase's 4 s
+    assert parts["inputs/store"]["evaluations"] == 1 and parts["inputs/store"]["share"] == 0.25 / 4.0
+    assert parts["warmup/odd"]["share"] is None  # a part whose phase was not recorded
+    assert s["costliest_cases"] == [{"case": "c", "evaluations": 2, "total_s": 10.0, "per_evaluation_s": 5.0}]
+    assert stage_time_summary([_timed(Status.OK, timing=1.0)])["phase_parts"] == []
+
+
 def test_report_says_where_the_time_went(tmp_path: Path) -> None:
     from archive import Archive
 
@@ -231,7 +250,8 @@ def test_report_says_where_the_time_went(tmp_path: Path) -> None:
     g = Genome("extern \"C\" __global__ void axpy() {}", {"UNROLL": 1, "VEC": 2, "THREADS": 128}, entry="axpy")
     a.add(Record(g, Evaluation(Status.OK, fitness=0.5,
                                metrics={"cases": {"N=1000:float32": {"time_ms": 0.01, "raced": True,
-                                                                     "phases_s": {"inputs": 0.25, "timed": 0.5}}}},
+                                                                     "phases_s": {"inputs": 0.25, "timed": 0.5,
+                                                                                  "inputs/draw": 0.125}}}},
                                resources={"registers": 32}, stage_times={"compile": 1.25, "timing": 0.75}),
                  operator="seed"))
     a.add(Record(g.with_params(UNROLL=2), Evaluation(Status.COMPILE_ERROR, stage_times={"compile": 2.0}),
@@ -245,6 +265,7 @@ def test_report_says_where_the_time_went(tmp_path: Path) -> None:
     assert "| compile_error | 1 | 2.00 |" in text and "| ok | 1 | 2.00 |" in text
     assert "Racing: 1 of 1 timed cases (in 1 evaluations) stopped" in text
     assert "| inputs | 1 | 0.25 | 0.250 | 33.3% |" in text and "| timed | 1 | 0.50 | 0.500 | 66.7% |" in text
+    assert "| inputs/draw | 1 | 0.12 | 0.125 | 50.0% |" in text  # a part: a share of its phase, not of all
     assert "Costliest cases (all phases): N=1000:float32 0.750 s per evaluation (1)." in text
 
 

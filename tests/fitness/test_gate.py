@@ -415,8 +415,11 @@ def test_timing_relaunch_catches_nondeterminism():
 def test_timing_reports_phases():
     res, _ = run_stage(Timing(), "good")
     case = next(iter(res.metrics["cases"].values()))
-    assert set(case["phases_s"]) == {"inputs", "warmup", "timed", "reference", "verify", "determinism"}
-    assert all(v >= 0 for v in case["phases_s"].values())
+    ph = case["phases_s"]
+    parts = {"inputs/alloc", "inputs/draw", "inputs/store", "inputs/sums", "inputs/poison"}
+    assert set(ph) == {"inputs", "warmup", "timed", "reference", "verify", "determinism"} | parts
+    assert all(v >= 0 for v in ph.values())
+    assert sum(ph[p] for p in parts) <= ph["inputs"]  # the parts are timed inside their phase
     assert case["graph"] is False  # the numpy backend records no batches
 
 
@@ -750,3 +753,19 @@ def test_gpu_block_too_big_for_registers_is_runtime_error(tmp_path):
     job = Job(rp.genome("baseline", 1024), rp.problem(), {"cubin": _cubin(tmp_path, "baseline", threads=64)})
     res = Correctness().run(job, ctx)
     assert res.status is Status.RUNTIME_ERROR, res.artifacts
+
+
+def test_phase_parts_synchronise_and_stay_beside_their_phase():
+    from fitness._gate import _Phases
+
+    calls = []
+    ph = _Phases(sync=lambda: calls.append(1))
+    with ph("inputs"):
+        with ph("inputs/draw", sync=True):
+            pass
+        with ph("inputs/draw", sync=True):  # spans of one name add up
+            pass
+    assert len(calls) == 4  # both ends of each synchronised span, none for the plain one
+    assert set(ph.seconds) == {"inputs", "inputs/draw"} and ph.seconds["inputs/draw"] <= ph.seconds["inputs"]
+    with _Phases()("x", sync=True):  # no sync callable: nothing to wait for
+        pass
