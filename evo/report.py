@@ -167,16 +167,15 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
         stages.append({"stage": k, "evaluations": len(vals), "total_s": total, "median_s": med, "p90_s": p90,
                        "share": total / grand if grand > 0 else None})
     med, p90 = (float(q) for q in np.percentile(per_record, [50, 90])) if per_record else (None, None)
+
+    def entry(k: str, v: float, of: float) -> dict[str, Any]:
+        return {"phase": k, "evaluations": phase_n[k], "total_s": v, "per_evaluation_s": v / phase_n[k],
+                "share": v / of if of > 0 else None}
+
     whole = {k: v for k, v in phase_s.items() if "/" not in k}
     all_phases = sum(whole.values())
-    phases = [{"phase": k, "evaluations": phase_n[k], "total_s": v, "per_evaluation_s": v / phase_n[k],
-               "share": v / all_phases if all_phases > 0 else None} for k, v in whole.items()]
-    parts = []
-    for k, v in phase_s.items():
-        if "/" in k:
-            parent = whole.get(k.split("/", 1)[0], 0.0)
-            parts.append({"phase": k, "evaluations": phase_n[k], "total_s": v, "per_evaluation_s": v / phase_n[k],
-                          "share": v / parent if parent > 0 else None})
+    phases = [entry(k, v, all_phases) for k, v in whole.items()]
+    parts = [entry(k, v, whole.get(k.split("/", 1)[0], 0.0)) for k, v in phase_s.items() if "/" in k]
     costliest = [{"case": k, "evaluations": case_n[k], "total_s": v, "per_evaluation_s": v / case_n[k]}
                  for k, v in sorted(case_s.items(), key=lambda kv: -kv[1])[:COSTLIEST_CASES]]
     return {"evaluations": len(per_record), "untimed": untimed, "total_s": grand,
@@ -187,6 +186,12 @@ def stage_time_summary(records: Sequence[Any]) -> dict[str, Any]:
 
 COSTLIEST_CASES = 5
 """How many of the costliest cases (by the Timing stage's phase seconds) a report lists."""
+
+
+def _phase_line(ph: Mapping[str, Any]) -> str:
+    """One row of the report's table of phases (or of parts): an entry of stage_time_summary's."""
+    return (f"| {ph['phase']} | {ph['evaluations']} | {ph['total_s']:.2f} | {ph['per_evaluation_s']:.3f} | "
+            f"{_g(ph['share'], '.1%')} |")
 
 
 def _axes(archive: Any, elites: Sequence[Any]) -> list[dict[str, Any]]:
@@ -480,18 +485,14 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
                    "inputs, warm-up, the timed batches, the reference of each timed set, verifying the outputs, "
                    "the relaunch that checks determinism):", "",
                    "| phase | evaluations | total (s) | per evaluation (s) | share |", "| --- | ---: | ---: | ---: | ---: |"]
-            for ph in timing["phases"]:
-                md.append(f"| {ph['phase']} | {ph['evaluations']} | {ph['total_s']:.2f} | "
-                          f"{ph['per_evaluation_s']:.3f} | {_g(ph['share'], '.1%')} |")
+            md += [_phase_line(ph) for ph in timing["phases"]]
             if timing.get("phase_parts"):
                 md += ["", "Parts of a phase, timed inside it (share: of that phase; for the inputs: allocating the "
                        "buffers, drawing the values, storing them in the buffers' types, their checksums, "
                        "poisoning the outputs):", "",
                        "| part | evaluations | total (s) | per evaluation (s) | share of its phase |",
                        "| --- | ---: | ---: | ---: | ---: |"]
-                for ph in timing["phase_parts"]:
-                    md.append(f"| {ph['phase']} | {ph['evaluations']} | {ph['total_s']:.2f} | "
-                              f"{ph['per_evaluation_s']:.3f} | {_g(ph['share'], '.1%')} |")
+                md += [_phase_line(ph) for ph in timing["phase_parts"]]
             md += ["", "Costliest cases (all phases): " + "; ".join(
                 f"{c['case']} {c['per_evaluation_s']:.3f} s per evaluation ({c['evaluations']})"
                 for c in timing["costliest_cases"]) + ".", ""]
