@@ -24,7 +24,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -48,6 +50,24 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def time_calls(call: Callable[[int], Any], repeats: int, sync: Callable[[], Any]) -> tuple[list[float], Any]:
+    """Seconds of ``call(1)`` ... ``call(repeats)``, each ended by ``sync()``, after an untimed ``call(0)``.
+
+    Returns the times and the last call's result; each result is freed before the next call
+    (at 2**31 elements one is 8 GiB).
+    """
+    call(0)
+    sync()
+    ts, out = [], None
+    for i in range(1, repeats + 1):
+        out = None
+        t0 = time.perf_counter()
+        out = call(i)
+        sync()
+        ts.append(time.perf_counter() - t0)
+    return ts, out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES, help="comma list of MxN")
@@ -68,20 +88,15 @@ def main(argv: list[str] | None = None) -> int:
     from fitness import random_normal
 
     print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}; cupy {cp.__version__}", flush=True)
+    sync = cp.cuda.runtime.deviceSynchronize
     for m, n in shapes:
         case = Case({"M": m, "N": n}, "float32")
         inp = {"x": cp.random.standard_normal(m * n, dtype=cp.float32),
                "w": cp.random.standard_normal(n, dtype=cp.float32)}
         res = {}
         for fused in (False, True):
-            fwd_reference(inp, case, cp, fused=fused)
-            cp.cuda.runtime.deviceSynchronize()
-            ts = []
-            for _ in range(args.repeats):
-                t0 = time.perf_counter()
-                y = fwd_reference(inp, case, cp, fused=fused)["y"]
-                cp.cuda.runtime.deviceSynchronize()
-                ts.append(time.perf_counter() - t0)
+            ts, y = time_calls(lambda _i, a=inp, c=case, f=fused: fwd_reference(a, c, cp, fused=f)["y"], args.repeats,
+                               sync)
             res[fused] = (min(ts), max(ts), y)
         old, new = res[False], res[True]
         diff = float(cp.abs(new[2] - old[2]).max() / cp.abs(old[2]).max())
@@ -92,15 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         scale = cp.ones(m, dtype=cp.float32)
         gen = {}
         for label, kw in (("unscaled", {}), ("scaled", {"scale": scale})):
-            random_normal(1, (m, n), cp, **kw)
-            cp.cuda.runtime.deviceSynchronize()
-            ts = []
-            for r in range(args.repeats):
-                t0 = time.perf_counter()
-                z = random_normal(2 + r, (m, n), cp, **kw)
-                cp.cuda.runtime.deviceSynchronize()
-                ts.append(time.perf_counter() - t0)
-                del z  # freed before the next draw
+            ts, _ = time_calls(lambda i, shape=(m, n), kw=kw: random_normal(1 + i, shape, cp, **kw), args.repeats, sync)
             gen[label] = min(ts)
         print(f"{m}x{n}: random_normal unscaled {gen['unscaled'] * 1e3:.2f} ms, scaled {gen['scaled'] * 1e3:.2f} ms",
               flush=True)

@@ -36,3 +36,15 @@ def test_no_device_is_a_clear_exit(capsys: pytest.CaptureFixture[str]) -> None:
         pass
     assert rb.main(["--shapes", "4x8"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_time_calls_warms_once_then_times_each_call_to_a_synced_end() -> None:
+    log: list[str] = []
+
+    def call(i: int) -> int:
+        log.append(f"call {i}")
+        return 10 * i
+
+    ts, last = rb.time_calls(call, 3, lambda: log.append("sync"))
+    assert log == ["call 0", "sync", "call 1", "sync", "call 2", "sync", "call 3", "sync"]
+    assert len(ts) == 3 and all(t >= 0 for t in ts) and last == 30
