@@ -154,7 +154,7 @@ def test_reference_on_the_device_matches_numpy(cuda_device) -> None:
     """The references' fused cupy paths (sum of squares, scaling) agree with the numpy ones."""
     import cupy as cp
 
-    from examples.rmsnorm_problem import bwd_make_inputs, fwd_make_inputs, fwd_reference
+    from examples.rmsnorm_problem import EPS, bwd_make_inputs, fwd_make_inputs, fwd_reference
 
     for i, shape in enumerate(SMALL + [{"M": 300, "N": 3000}]):
         case = Case(shape, "float32")
@@ -168,7 +168,7 @@ def test_reference_on_the_device_matches_numpy(cuda_device) -> None:
         np.testing.assert_allclose(cp.asnumpy(chunked), want, rtol=3e-7, atol=0, err_msg=case.key)
         bwd = bwd_make_inputs(case, np.random.default_rng(i), cp)  # rstd from the fused reduction
         x = cp.asnumpy(bwd["x"]).reshape(shape["M"], shape["N"]).astype(np.float64)
-        rstd = 1.0 / np.sqrt((x * x).mean(axis=1) + 1e-6)
+        rstd = 1.0 / np.sqrt((x * x).mean(axis=1) + EPS)
         np.testing.assert_allclose(cp.asnumpy(bwd["rstd"]), rstd.astype(np.float32), rtol=3e-7, err_msg=case.key)
 
 
