@@ -9,6 +9,7 @@ API index:
     ENTRY_POINT_GROUP                                    ``"evo.operators"``, where plug-ins register
     ParamMutation, ParamCrossover, ParamRandom           parameter operators over ``Problem.params``
     ParamSweep                                           one-knob neighbours not in the archive (local search)
+    Screened, ParamSurrogate                             a pool of children screened by a model of measured times
     param_diff(old, new)                                 ``"threads 256->512, vec 4->8"``
     operators.testing.OperatorContract                   test suite any operator can be run through
 
@@ -35,6 +36,7 @@ from operators._registry import (
     resolve,
     unregister,
 )
+from operators._screen import ParamSurrogate, Screened
 
 _LAZY_LLM = (
     "LLMDiff",
@@ -58,8 +60,10 @@ __all__ = [
     "ParamCrossover",
     "ParamMutation",
     "ParamRandom",
+    "ParamSurrogate",
     "ParamSweep",
     "Proposal",
+    "Screened",
     "UnknownOperatorError",
     "available",
     "param_diff",

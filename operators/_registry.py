@@ -4,7 +4,8 @@
 :class:`~operators.Operator`. It accepts
 
 * a registered name (:func:`register`), a built-in name (``"param_mutation"``,
-  ``"param_crossover"``, ``"param_random"``, and the LLM operators ``"llm_diff"``,
+  ``"param_crossover"``, ``"param_random"``, ``"param_sweep"``, ``"screened_param_mutation"``
+  (:class:`~operators.Screened` around a param mutation), and the LLM operators ``"llm_diff"``,
   ``"llm_rewrite"``, ``"llm_crossover"``, ``"llm_repair"``, imported only when asked
   for), or the name of an entry point in the ``evo.operators`` group of any installed
   distribution;
@@ -48,6 +49,7 @@ _BUILTIN: dict[str, tuple[str, str]] = {
     "param_crossover": ("operators._param", "ParamCrossover"),
     "param_random": ("operators._param", "ParamRandom"),
     "param_sweep": ("operators._param", "ParamSweep"),
+    "screened_param_mutation": ("operators._screen", "Screened"),
     "llm_diff": ("operators.llm", "LLMDiff"),
     "llm_rewrite": ("operators.llm", "LLMRewrite"),
     "llm_crossover": ("operators.llm", "LLMCrossover"),
