@@ -51,7 +51,7 @@ __all__ = ["Budget", "Candidate", "Engine", "EngineConfig", "EngineError", "Engi
 log = logging.getLogger("evo.engine")
 
 STATE_VERSION = 1
-DEFAULT_OPERATORS = ("param_mutation", "param_crossover")
+DEFAULT_OPERATORS = ("param_mutation", "screened_param_mutation", "param_crossover")
 LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair")
 SEED_OPERATORS = ("seed", "warm_start")
 
