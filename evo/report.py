@@ -12,6 +12,8 @@ and writes ``report.md`` with:
 * the per-case champions (the fastest OK record of each case, what an export dispatches):
   whether a seed or the search found each, at which evaluation, how many operator steps
   from its seed, and how much faster it is than the fastest seed on that case;
+* what each operator's evaluations gave: OK share, children faster than their parent, and
+  new best times (records that were, when evaluated, the fastest so far on some case);
 * the lineage of the best genome (seed -> ... -> best, operator and fitness per step);
 * where the evaluation time went: wall seconds per scoring stage (compile, correctness,
   timing, ...) over all records, total, median and 90th percentile per evaluation, and
@@ -31,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["best_curve", "case_champions", "heatmap_grid", "stage_time_summary", "write_report"]
+__all__ = ["best_curve", "case_champions", "heatmap_grid", "operator_summary", "stage_time_summary", "write_report"]
 
 
 def best_curve(records: Sequence[Any]) -> list[tuple[int, float | None]]:
@@ -82,6 +84,56 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
                     "params": dict(rec.genome.params), "steps": None, "seed_ms": seed_ms,
                     "speedup": seed_ms / t if seed_ms is not None else None, "found_by": _found_by(rec)})
     return out
+
+
+def _case_times(rec: Any) -> dict[str, float]:
+    m = rec.evaluation.metrics if rec.evaluation.ok else None
+    cases = m.get("cases") if isinstance(m, Mapping) else None
+    if not isinstance(cases, Mapping):
+        return {}
+    return {str(k): float(v["time_ms"]) for k, v in cases.items()
+            if isinstance(v, Mapping) and isinstance(v.get("time_ms"), (int, float)) and v["time_ms"] > 0}
+
+
+def operator_summary(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """What each operator's evaluations gave, replayed in insertion order.
+
+    Args:
+        records: The archive's records (any order; replayed by ``seq``).
+
+    Returns:
+        One dict per operator, most evaluations first: ``operator``, ``evaluations``,
+        ``ok``, ``children`` (OK records with an OK first parent that share a timed case
+        with it), ``faster`` (of those, the ones whose geometric-mean time over the shared
+        cases beat the parent's), ``new_best`` (records that set a new best time on at least
+        one case when they were evaluated; the first record of a case does not count) and
+        ``cases_taken`` (those new bests summed over cases).
+    """
+    ordered = sorted(records, key=lambda r: r.seq)
+    by_id = {r.genome.id: r for r in ordered}
+    best: dict[str, float] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    for r in ordered:
+        st = stats.setdefault(r.operator, {"operator": r.operator, "evaluations": 0, "ok": 0, "children": 0,
+                                           "faster": 0, "new_best": 0, "cases_taken": 0})
+        st["evaluations"] += 1
+        if not r.evaluation.ok:
+            continue
+        st["ok"] += 1
+        times = _case_times(r)
+        parent = by_id.get(r.parents[0]) if r.parents else None
+        if parent is not None and parent.seq < r.seq:
+            pt = _case_times(parent)
+            shared = [k for k in times if k in pt]
+            if shared:
+                st["children"] += 1
+                st["faster"] += sum(math.log(times[k] / pt[k]) for k in shared) < 0
+        taken = sum(1 for k, t in times.items() if k in best and t < best[k])
+        st["new_best"] += taken > 0
+        st["cases_taken"] += taken
+        for k, t in times.items():
+            best[k] = min(best.get(k, t), t)
+    return sorted(stats.values(), key=lambda d: (-d["evaluations"], d["operator"]))
 
 
 def _seconds(times: Mapping[Any, Any]) -> dict[str, float]:
@@ -444,6 +496,22 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
         md += ["", *_champion_genomes(champions), ""]
     else:
         md += ["No per-case metrics (the run was not timed on a GPU).", ""]
+
+    md += ["## Operators", ""]
+    ops = operator_summary(records)
+    if ops:
+        md += ["Replayed in evaluation order. `faster than parent`: OK children whose geometric-mean time over "
+               "the cases they share with their first parent beat it. `new best`: evaluations that were the "
+               "fastest so far on at least one case (`cases`: how many such cases in all).", "",
+               "| operator | evaluations | OK | faster than parent | new best | cases |",
+               "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for o in ops:
+            faster = f"{o['faster']} of {o['children']}" if o["children"] else "-"
+            md.append(f"| {o['operator']} | {o['evaluations']} | {o['ok']} | {faster} | {o['new_best']} | "
+                      f"{o['cases_taken']} |")
+        md.append("")
+    else:
+        md += ["No records.", ""]
 
     md += ["## Lineage of the best", ""]
     if lineage:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from evo.engine import Budget, Engine, EngineConfig
-from evo.report import best_curve, case_champions, stage_time_summary, write_report
+from evo.report import best_curve, case_champions, operator_summary, stage_time_summary, write_report
 from evo.types import Evaluation, Genome, Record, Status
 from tests.evo.cpu_problem import ParamsExecutor, make_problem
 
@@ -93,6 +93,11 @@ def test_report_per_case_champions_say_where_each_came_from(tmp_path: Path) -> N
     # every champion genome once, with its params
     assert f"| `{grandchild.id[:12]}` | 1 | UNROLL=2, VEC=4, THREADS=128 |" in text
     assert f"| `{seed.id[:12]}` | 1 | UNROLL=1, VEC=2, THREADS=128 |" in text
+    # what each operator gave: the child was slower than its seed, the grandchild faster than
+    # the child (geomean over both cases) and the fastest so far on N=1000; the failure is counted
+    assert "| param_mutation | 2 | 1 | 0 of 1 | 0 | 0 |" in text
+    assert "| param_crossover | 1 | 1 | 1 of 1 | 1 | 1 |" in text
+    assert "| seed | 1 | 1 | - | 0 | 0 |" in text
 
 
 def test_report_says_where_warm_started_champions_were_first_found(tmp_path: Path) -> None:
@@ -273,3 +278,21 @@ def test_report_without_stage_times(run_archive: Path, tmp_path: Path) -> None:
     """The CPU test executor records no stage times: the section says so instead of a table."""
     text = write_report(run_archive, tmp_path / "rep").read_text()
     assert "## Where the evaluation time went\n\nNo stage times recorded." in text
+
+
+def test_operator_summary_replays_in_evaluation_order() -> None:
+    base = Genome("extern \"C\" __global__ void axpy() {}", {"UNROLL": 1, "VEC": 1, "THREADS": 128}, entry="axpy")
+
+    def rec(g: Genome, t: dict[str, float], op: str, seq: int, parents: tuple[str, ...] = ()) -> Record:
+        ev = Evaluation(Status.OK, fitness=1.0, metrics={"cases": {k: {"time_ms": v} for k, v in t.items()}})
+        return Record(g, ev, parents=parents, operator=op, seq=seq)
+
+    a, b, c = base, base.with_params(VEC=2), base.with_params(VEC=4)
+    recs = [rec(c, {"x": 0.5, "y": 0.5}, "screened_param_mutation", 2, (b.id,)),  # given out of order
+            rec(a, {"x": 1.0}, "seed", 0), rec(b, {"x": 2.0, "y": 1.0}, "param_mutation", 1, (a.id,))]
+    got = {o["operator"]: o for o in operator_summary(recs)}
+    # b: slower than a on x, and y's first time is no new best; c: beats b on both cases, a on x
+    assert got["param_mutation"] | {} == {"operator": "param_mutation", "evaluations": 1, "ok": 1, "children": 1,
+                                         "faster": 0, "new_best": 0, "cases_taken": 0}
+    assert (got["screened_param_mutation"]["faster"], got["screened_param_mutation"]["cases_taken"]) == (1, 2)
+    assert operator_summary([]) == []
