@@ -145,6 +145,13 @@ def test_screened_explores_and_passes_through_without_data(tmp_path: Path) -> No
         two = Screened(pool=4, n_children=2, min_records=2).propose([parent], make_context(problem(), 2,
                                                                                           archive=arch))
         assert len({c.genome.id for c in two}) == 2
+
+        class Membership:  # an archive view that can only say what it holds
+            def __contains__(self, gid: object) -> bool:
+                return gid in arch
+
+        (child,) = Screened(pool=4, min_records=1).propose([parent], make_context(problem(), 3, archive=Membership()))
+        assert "unscreened" in child.note
     finally:
         arch.close()
 
