@@ -134,13 +134,21 @@ def torch_providers(backward: bool = False) -> dict[str, Any]:
 
 
 def summary(engine: Any, arch: Any, problem: Any, best: Any) -> str:
-    """What the search did: evaluations, rate, GPU busy, and the best against the seeds."""
+    """What the search did: evaluations, rate, GPU busy, what each operator gave, the best against the seeds."""
     run = engine.last_run or {}
     busy = run.get("gpu_busy")
     lines = [f"search: {run.get('evaluations', 0)} evaluations in {run.get('seconds', 0.0):.0f} s "
              f"({run.get('rate_per_min', 0.0):.1f}/min), GPU busy {busy:.0%}" if busy is not None else
              f"search: {run.get('evaluations', 0)} evaluations in {run.get('seconds', 0.0):.0f} s",
              f"stopped: {run.get('stop', '-')}; archive: {len(arch)} records, coverage {arch.coverage:.1%}"]
+    from evo.report import operator_summary
+
+    ops = operator_summary(list(arch.records()))
+    if ops:
+        lines.append("operators (whole archive): " + "; ".join(
+            f"{o['operator']} {o['evaluations']} evaluated"
+            + (f", {o['faster']} of {o['children']} faster than the parent" if o["children"] else "")
+            + f", {o['new_best']} new best" for o in ops))
     seeds = [arch.get(g.id) for g in problem.seeds]
     seed_fit = [r.evaluation.fitness for r in seeds if r is not None and r.evaluation.fitness is not None]
     if seed_fit and best is not None:

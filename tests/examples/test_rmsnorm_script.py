@@ -47,6 +47,7 @@ def test_summary_reports_the_run_and_the_gain_over_the_seeds(tmp_path: Path) -> 
     assert "3 evaluations in 30 s (6.0/min), GPU busy 91%" in text
     assert "stopped: time budget reached; archive: 3 records" in text
     assert "best fitness 0.6000" in text and "vs best seed 0.5000: 1.200x" in text
+    assert "operators (whole archive): seed 2 evaluated, 0 new best; param_mutation 1 evaluated, 0 new best" in text
 
 
 def test_backward_flag_also_stops_without_a_gpu(tmp_path: Path) -> None:
