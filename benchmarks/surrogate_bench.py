@@ -77,7 +77,6 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 def leave_one_out(space: Any, records: Sequence[Any], k: int) -> dict[str, float]:
     """Per-case Spearman of leave-one-out predictions: median/min/max, and the median |log error|."""
     from operators import ParamSurrogate
-    from operators._screen import case_times
 
     pred: dict[str, list[float]] = {}
     meas: dict[str, list[float]] = {}
@@ -87,7 +86,7 @@ def leave_one_out(space: Any, records: Sequence[Any], k: int) -> dict[str, float
             if j != i:
                 model.add_record(o)
         got = model.predict(r.genome.params)
-        for key, t in case_times(r).items():
+        for key, t in r.evaluation.case_times().items():
             if key in got:
                 pred.setdefault(key, []).append(got[key][0])
                 meas.setdefault(key, []).append(math.log(t))
@@ -102,7 +101,6 @@ def leave_one_out(space: Any, records: Sequence[Any], k: int) -> dict[str, float
 def child_vs_parent(space: Any, records: Sequence[Any], k: int, min_change: float) -> tuple[int, int]:
     """(right, wrong): the sign of each child's change from its parent, predicted from earlier records."""
     from operators import ParamSurrogate
-    from operators._screen import case_times
 
     by_id = {r.genome.id: r for r in records}
     right = wrong = 0
@@ -115,7 +113,7 @@ def child_vs_parent(space: Any, records: Sequence[Any], k: int, min_change: floa
             if o.seq < r.seq:
                 model.add_record(o)
         got = model.predict(r.genome.params)
-        ct, pt = case_times(r), case_times(parent)
+        ct, pt = r.evaluation.case_times(), parent.evaluation.case_times()
         for key, t in ct.items():
             if key not in pt or key not in got:
                 continue
@@ -144,7 +142,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--k needs integers >= 1, got {args.k!r}")
 
     from archive import Archive, ArchiveError
-    from operators._screen import case_times
 
     try:
         arch = Archive.open_readonly(args.archive)
@@ -153,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         space = space_from_header(arch.header.get("problem", {}))
-        records = [r for r in arch.records("ok") if case_times(r)]
+        records = [r for r in arch.records("ok") if r.evaluation.case_times()]
         device = (arch.header.get("device") or {}).get("name", "unknown device")
     finally:
         arch.close()

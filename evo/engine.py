@@ -1081,14 +1081,12 @@ class Engine:
         if not isinstance(cases, Mapping):
             return 0, 0
         won = 0
-        for key, m in cases.items():
-            t = m.get("time_ms") if isinstance(m, Mapping) else None
-            if isinstance(t, (int, float)) and math.isfinite(t) and t > 0:
-                held = self._champions.get(key)
-                if held is None or t < held[0]:
-                    if held is not None and held[1] != genome_id:
-                        won += 1
-                    self._champions[key] = (float(t), genome_id)
+        for key, t in evaluation.case_times().items():
+            held = self._champions.get(key)
+            if held is None or t < held[0]:
+                if held is not None and held[1] != genome_id:
+                    won += 1
+                self._champions[key] = (t, genome_id)
         return won, len(cases)
 
     def _rebuild_champions(self) -> None:

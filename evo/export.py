@@ -24,7 +24,6 @@ import base64
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -53,13 +52,7 @@ def _records(source: Any) -> Iterable[Record]:
 
 def _case_time(rec: Record, key: str) -> float | None:
     """The record's time on case ``key`` in ms: an OK record's finite, positive ``time_ms``, else None."""
-    if rec.status is not Status.OK:
-        return None
-    m = (rec.evaluation.metrics.get("cases") or {}).get(key)
-    t = m.get("time_ms") if isinstance(m, Mapping) else None
-    if t is None or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
-        return None
-    return float(t)
+    return rec.evaluation.case_times().get(key)
 
 
 def _case_times(source: Any, problem: Problem | None) -> dict[str, list[tuple[float, Record]]]:
@@ -67,13 +60,8 @@ def _case_times(source: Any, problem: Problem | None) -> dict[str, list[tuple[fl
     wanted = {c.key for c in problem.timed_cases()} if problem is not None else None
     out: dict[str, list[tuple[float, Record]]] = {}
     for rec in _records(source):
-        if rec.status is not Status.OK:
-            continue
-        for key in rec.evaluation.metrics.get("cases") or {}:
-            if wanted is not None and key not in wanted:
-                continue
-            t = _case_time(rec, key)
-            if t is not None:
+        for key, t in rec.evaluation.case_times().items():
+            if wanted is None or key in wanted:
                 out.setdefault(key, []).append((t, rec))
     return out
 

@@ -86,15 +86,6 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _case_times(rec: Any) -> dict[str, float]:
-    m = rec.evaluation.metrics if rec.evaluation.ok else None
-    cases = m.get("cases") if isinstance(m, Mapping) else None
-    if not isinstance(cases, Mapping):
-        return {}
-    return {str(k): float(v["time_ms"]) for k, v in cases.items()
-            if isinstance(v, Mapping) and isinstance(v.get("time_ms"), (int, float)) and v["time_ms"] > 0}
-
-
 def operator_summary(records: Sequence[Any]) -> list[dict[str, Any]]:
     """What each operator's evaluations gave, replayed in insertion order.
 
@@ -120,10 +111,10 @@ def operator_summary(records: Sequence[Any]) -> list[dict[str, Any]]:
         if not r.evaluation.ok:
             continue
         st["ok"] += 1
-        times = _case_times(r)
+        times = r.evaluation.case_times()
         parent = by_id.get(r.parents[0]) if r.parents else None
         if parent is not None and parent.seq < r.seq:
-            pt = _case_times(parent)
+            pt = parent.evaluation.case_times()
             shared = [k for k in times if k in pt]
             if shared:
                 st["children"] += 1

@@ -374,6 +374,19 @@ class Evaluation:
     def ok(self) -> bool:
         return self.status is Status.OK
 
+    def case_times(self) -> dict[str, float]:
+        """Time in ms per case key from ``metrics["cases"]``: the finite, positive ``time_ms``
+        values of an OK evaluation (empty when it failed or reports no cases)."""
+        cases = self.metrics.get("cases") if self.ok and isinstance(self.metrics, Mapping) else None
+        if not isinstance(cases, Mapping):
+            return {}
+        out: dict[str, float] = {}
+        for key, m in cases.items():
+            t = m.get("time_ms") if isinstance(m, Mapping) else None
+            if isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0:
+                out[str(key)] = float(t)
+        return out
+
     @property
     def reason(self) -> str:
         """The most useful single artifact for a failure (reason, mismatch or compile log)."""

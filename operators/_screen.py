@@ -146,7 +146,7 @@ class ParamSurrogate:
 
     def add_record(self, record: Record) -> bool:
         """Add an OK record's per-case times (``metrics["cases"][key]["time_ms"]``); False if it has none."""
-        times = case_times(record)
+        times = record.evaluation.case_times()
         if not times:
             return False
         self.add(record.genome.id, record.genome.params, times)
@@ -187,22 +187,6 @@ class ParamSurrogate:
             var = float((w * (y - mu) ** 2).sum() / w.sum())
             out[key] = (mu, math.sqrt(var) + self.distance_penalty * float(d.min()))
         return out
-
-
-def case_times(record: Record) -> dict[str, float]:
-    """A record's measured time per case (ms), from ``metrics["cases"]``; empty if none."""
-    ev = record.evaluation
-    if not ev.ok or not isinstance(ev.metrics, Mapping):
-        return {}
-    cases = ev.metrics.get("cases")
-    if not isinstance(cases, Mapping):
-        return {}
-    out = {}
-    for key, m in cases.items():
-        t = m.get("time_ms") if isinstance(m, Mapping) else None
-        if _is_number(t) and t > 0 and math.isfinite(t):
-            out[str(key)] = float(t)
-    return out
 
 
 class Screened(Operator):

@@ -155,3 +155,12 @@ def test_a_resident_launch_takes_a_one_dimensional_grid_and_cluster():
     with pytest.raises(ProblemError, match="1-D grid and cluster"):
         Launch((4, 2, 1), (32, 1, 1), cluster=(1, 2, 1), resident=True)
     Launch((4, 2, 1), (32, 1, 1))  # a 2-D grid is fine when not resident
+
+
+def test_case_times_keeps_finite_positive_times_of_ok_evaluations() -> None:
+    cases = {"a": {"time_ms": 0.5}, "b": {"time_ms": 0}, "c": {"time_ms": float("inf")}, "d": {"gbps": 1.0},
+             "e": {"time_ms": True}, "f": 3.0, "g": {"time_ms": 2}}
+    ev = Evaluation(Status.OK, fitness=1.0, metrics={"cases": cases})
+    assert ev.case_times() == {"a": 0.5, "g": 2.0}
+    assert Evaluation(Status.OK, fitness=1.0).case_times() == {}
+    assert Evaluation.failure(Status.INCORRECT, "wrong", metrics={"cases": cases}).case_times() == {}
