@@ -63,6 +63,8 @@ class _Coder:
                 self._enc[name] = ("ord", self._scale([float(spec.low), float(spec.high)]))
             else:  # an unknown spec type: compare values for equality
                 self._enc[name] = ("cat", None)
+        self.category_weights = np.array([0.5 if self._enc[n][0] == "num" else 1.0 for n in self.names])
+        """Weight of each param's category mismatch: 1/2 for numeric choices, else 1."""
 
     @staticmethod
     def _scale(vals: Sequence[float]) -> tuple[bool, float, float]:
@@ -87,10 +89,6 @@ class _Coder:
             if kind != "ord" or not _is_number(v):
                 cats[i] = (type(v).__name__, repr(v))
         return ords, cats
-
-    def category_weights(self) -> np.ndarray:
-        """Weight of each param's category mismatch: 1/2 for numeric choices, else 1."""
-        return np.array([0.5 if self._enc[n][0] == "num" else 1.0 for n in self.names])
 
 
 class ParamSurrogate:
@@ -119,12 +117,14 @@ class ParamSurrogate:
         self.distance_penalty = float(distance_penalty)
         self._coder = _Coder(space)
         self._ords: list[np.ndarray] = []
-        self._cats: list[list[Any]] = []
-        self._ids: list[str] = []
+        self._codes: list[list[int]] = []  # per row, each param's category as an integer (-1: none)
+        self._labels: list[dict[Any, int]] = [{} for _ in self._coder.names]  # per param: label -> code
+        self._rows: dict[str, int] = {}  # genome id -> row
         self._times: dict[str, dict[int, float]] = {}  # case key -> {row: log time}
+        self._arrays: tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]] | None = None
 
     def __len__(self) -> int:
-        return len(self._ids)
+        return len(self._rows)
 
     @property
     def cases(self) -> list[str]:
@@ -133,16 +133,26 @@ class ParamSurrogate:
 
     def add(self, genome_id: str, params: Mapping[str, Any], times_ms: Mapping[str, float]) -> None:
         """Add one measured assignment: ``times_ms`` maps case keys to times (ms, > 0)."""
-        if genome_id in self._ids:
+        if genome_id in self._rows:
             return
-        row = len(self._ids)
+        row = self._rows[genome_id] = len(self._rows)
         o, c = self._coder.coords(params)
-        self._ids.append(genome_id)
         self._ords.append(o)
-        self._cats.append(c)
+        self._codes.append([-1 if label is None else codes.setdefault(label, len(codes))
+                            for label, codes in zip(c, self._labels, strict=True)])
         for key, t in times_ms.items():
             if _is_number(t) and t > 0 and math.isfinite(t):
                 self._times.setdefault(key, {})[row] = math.log(float(t))
+        self._arrays = None
+
+    def _stacked(self) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+        """(positions, category codes, case key -> (rows, log times)) as arrays, built once per change."""
+        if self._arrays is None:
+            per_case = {key: (np.fromiter(rows.keys(), dtype=np.int64, count=len(rows)),
+                              np.fromiter(rows.values(), dtype=float, count=len(rows)))
+                        for key, rows in self._times.items()}
+            self._arrays = (np.vstack(self._ords), np.array(self._codes, dtype=np.int64), per_case)
+        return self._arrays
 
     def add_record(self, record: Record) -> bool:
         """Add an OK record's per-case times (``metrics["cases"][key]["time_ms"]``); False if it has none."""
@@ -158,27 +168,23 @@ class ParamSurrogate:
 
     def _distances(self, params: Mapping[str, Any]) -> np.ndarray:
         o, c = self._coder.coords(params)
-        ords = np.vstack(self._ords)
+        ords, codes, _ = self._stacked()
         gap = np.abs(ords - o[None, :])
         both = ~np.isnan(ords) & ~np.isnan(o)[None, :]
         one = np.isnan(ords) != np.isnan(o)[None, :]  # ordered in one, missing in the other
         d = np.where(both, np.minimum(gap, 1.0), 0.0).sum(axis=1) + one.sum(axis=1)
-        weights = self._coder.category_weights()
         for j, label in enumerate(c):
-            if label is None:
-                continue
-            d += weights[j] * np.fromiter((r[j] != label for r in self._cats), dtype=float, count=len(self._cats))
+            if label is not None:  # a label no row has (-2) differs from every row, "none" (-1) included
+                d += self._coder.category_weights[j] * (codes[:, j] != self._labels[j].get(label, -2))
         return d
 
     def predict(self, params: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
         """``{case key: (mean log time, uncertainty)}`` for every case with measured times."""
-        if not self._ids:
+        if not self._rows:
             return {}
         d_all = self._distances(params)
         out: dict[str, tuple[float, float]] = {}
-        for key, rows in self._times.items():
-            idx = np.fromiter(rows.keys(), dtype=np.int64, count=len(rows))
-            y = np.fromiter(rows.values(), dtype=float, count=len(rows))
+        for key, (idx, y) in self._stacked()[2].items():
             d = d_all[idx]
             near = np.argsort(d, kind="stable")[: self.k]
             d, y = d[near], y[near]

@@ -128,7 +128,7 @@ def test_screened_sends_the_pool_child_with_the_best_predicted_gain(tmp_path: Pa
         for m in op._models.values():
             best.update(m.best())
         scores = [op.score(p.genome, best) for p in pool]
-        assert child.genome.id == pool[int(np.argmax([s[0] * 1e6 + s[1] for s in scores]))].genome.id
+        assert child.genome.id == pool[max(range(len(pool)), key=lambda i: scores[i])].genome.id
     finally:
         arch.close()
 
