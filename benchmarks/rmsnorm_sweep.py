@@ -12,6 +12,7 @@ search is still what produces the example's archive.
     python benchmarks/rmsnorm_sweep.py --set reread --shapes 32768,65536,131072,262144 --count 80
     python benchmarks/rmsnorm_sweep.py --set cluster --shapes 32768,65536,131072,262144 --count 90
     python benchmarks/rmsnorm_sweep.py --set policy --shapes 8192,16384,32768,65536,131072,262144 --count 36
+    python benchmarks/rmsnorm_sweep.py --set regtile --shapes 16384,32768,65536,131072,262144 --count 40
     python benchmarks/rmsnorm_sweep.py --variants my_variants.json --limit 300
     python benchmarks/rmsnorm_sweep.py --set seeds --source old_rmsnorm_fwd.cu --out sweep-old
     python benchmarks/rmsnorm_sweep.py --render sweep-out/sweep.jsonl > sweep.md
@@ -184,8 +185,24 @@ def policy_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     return [dict(p, LOAD_HINT=h) for p in configs for h in (0, 3, 4, 5)][:max(limit, 4)]
 
 
+def regtile_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
+    """The full 32 KB register tile at 512 and 1024 threads, alone and in clusters of 2-16 CTAs.
+
+    Rows of 32 KB (bf16 16K) to 512 KB (bf16 256K, fp32 128K) held in registers and read once:
+    ``reg_tile_budget`` admits these tiles since ptxas was found to keep them without spills at
+    64 registers per thread (they were held to 16 KB before). STAGE 0 (registers) and STAGE 1
+    (the chunk in shared memory when it outgrows the tile); LOAD_HINT 3 (evict-first), 0, then 5.
+    """
+    space = make_forward_problem(dtypes=["bfloat16"]).params
+    base = dict(BASE, VEC_BYTES=16, PERSISTENT=0, OCCUPANCY=0, WSMEM=0, STORE_HINT=1, RSQRT_APPROX=1)
+    grid = [dict(q, TPR=q["THREADS"], MAX_VECS=32768 // (16 * q["THREADS"])) for q in
+            _grid(base, LOAD_HINT=[3, 0, 5], STAGE=[0, 1], THREADS=[1024, 512], CLUSTER=[1, 2, 4, 8, 16])]
+    valid = [p for p in grid if space.is_valid(p)]
+    return valid[:max(limit, 0)]
+
+
 SETS = {"pipe": pipe_set, "short": short_set, "long": long_set, "reread": reread_set, "cluster": cluster_set,
-        "policy": policy_set}
+        "policy": policy_set, "regtile": regtile_set}
 """The built-in variant sets by ``--set`` name (``seeds`` is the Problem's seed genomes)."""
 
 

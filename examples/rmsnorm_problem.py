@@ -87,9 +87,9 @@ EXCHANGE_SLOTS = 64
 """Partial sums one tile's cluster exchange holds in the kernel (STAGE 3, ``XROWS``): a cluster's
 tile has at most ``EXCHANGE_SLOTS // CLUSTER`` rows."""
 REG_TILE_BYTES = 32768
-"""Upper bound on ``MAX_VECS * VEC_BYTES * THREADS`` (half that at 1024 threads, where the
-register file allows 64 per thread, and at 512 threads with a cluster and the row in
-registers, where ptxas kept 64 registers and spilled): beyond it ptxas spills (measured, nvcc 13.0, sm_90a)."""
+"""Upper bound on ``MAX_VECS * VEC_BYTES * THREADS`` (half that for the 1024-thread forms that
+spill at 64 registers per thread: see ``reg_tile_budget``): beyond it ptxas spills (measured,
+nvcc 13.0, sm_90a)."""
 
 _DESCRIPTION = """\
 RMSNorm forward on Hopper: y[i, j] = x[i, j] * rsqrt(mean_j(x[i, :]**2) + eps) * w[j], eps = 1e-6.
@@ -338,11 +338,27 @@ def _c_cluster_one_row(p: Mapping[str, Any]) -> bool:
 
 
 def _c_reg_tile(p: Mapping[str, Any]) -> bool:
-    threads, cluster, stage = int(p["THREADS"]), int(p["CLUSTER"]), int(p["STAGE"])
-    # STAGE 2 holds one batch of loads, not a row: two 16-byte vectors fit 64 registers at 1024 threads
-    full = threads <= 256 or (threads == 512 and (cluster == 1 or stage != 0)) or stage == 2
-    budget = REG_TILE_BYTES if full else REG_TILE_BYTES // 2
-    return int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) * int(p["THREADS"]) <= budget
+    return int(p["MAX_VECS"]) * int(p["VEC_BYTES"]) * int(p["THREADS"]) <= reg_tile_budget(p)
+
+
+def reg_tile_budget(p: Mapping[str, Any]) -> int:
+    """Bytes of x a CTA may hold in registers (``MAX_VECS * VEC_BYTES * THREADS``) without spills.
+
+    ``REG_TILE_BYTES`` up to 512 threads and in STAGE 2 (one batch of loads, not a row: two 16-byte
+    vectors fit 64 registers at 1024 threads). At 1024 threads (64 registers per thread) the full
+    budget holds in STAGE 0, 1 and 3 with at most 4 vectors per thread, except STAGE 0 with
+    ld.global.cg (LOAD_HINT 2) in a cluster of 4 or more and STAGE 3 in a cluster with the precise
+    rsqrt, which spill 8-16 and 196-208 bytes there; those, 8 vectors of 4 bytes (8-228 bytes of
+    spills) and STAGE 4 get half (ptxas, nvcc 13.0, sm_90a).
+    """
+    threads, stage = int(p["THREADS"]), int(p["STAGE"])
+    if threads <= 512 or stage == 2:
+        return REG_TILE_BYTES
+    cluster = int(p["CLUSTER"])
+    full = (stage in (0, 1, 3) and int(p["MAX_VECS"]) <= 4
+            and not (stage == 0 and int(p["LOAD_HINT"]) == 2 and cluster >= 4)
+            and not (stage == 3 and cluster > 1 and int(p["RSQRT_APPROX"]) == 0))
+    return REG_TILE_BYTES if full else REG_TILE_BYTES // 2
 
 
 def _c_pipe_registers(p: Mapping[str, Any]) -> bool:
@@ -447,8 +463,9 @@ def forward_param_space() -> ParamSpace:
             Constraint("TPR (threads per row) divides THREADS", _c_tpr_divides),
             Constraint("CLUSTER > 1 needs one row per CTA: TPR == THREADS", _c_cluster_one_row),
             Constraint(f"MAX_VECS * VEC_BYTES * THREADS <= {REG_TILE_BYTES} ({REG_TILE_BYTES // 2} at 1024 threads "
-                       "outside STAGE 2, and at 512 threads with a cluster and STAGE 0): register tile without spills",
-                       _c_reg_tile),
+                       "in STAGE 4, with MAX_VECS 8 or more, in STAGE 0 with LOAD_HINT 2 and CLUSTER >= 4, and "
+                       "in STAGE 3 with CLUSTER > 1 and RSQRT_APPROX 0): register tile without spills "
+                       "(reg_tile_budget)", _c_reg_tile),
             Constraint("STAGE 3: PERSISTENT * THREADS <= 1024 (the CTAs of an SM share its registers; at 2048 "
                        "threads ptxas has 32 per thread and spills)", _c_pipe_registers),
             Constraint("OCCUPANCY > 0: OCCUPANCY * THREADS <= 1024 (64 registers per thread or more) and, "

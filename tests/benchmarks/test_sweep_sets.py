@@ -40,6 +40,16 @@ def test_cluster_set_holds_a_row_slice_on_chip() -> None:
     assert {p["STAGE"] for p in variants} == {0, 1}
 
 
+def test_regtile_set_holds_the_full_register_tile() -> None:
+    """The regtile set is the 32 KB register tile at 512 and 1024 threads, the 1024-thread ones
+    admitted only by the relaxed rule (half of it before)."""
+    variants = rmsnorm_sweep.regtile_set(120)
+    assert len(variants) == 60
+    assert all(p["THREADS"] * p["MAX_VECS"] * p["VEC_BYTES"] == 32768 for p in variants)
+    assert {p["THREADS"] for p in variants} == {512, 1024} and {p["CLUSTER"] for p in variants} == {1, 2, 4, 8, 16}
+    assert [p["LOAD_HINT"] for p in rmsnorm_sweep.regtile_set(40)] == [3] * 20 + [0] * 20
+
+
 def test_missing_source_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no such kernel file"):
         rmsnorm_sweep.main(["--set", "seeds", "--source", str(tmp_path / "nope.cu"), "--out", str(tmp_path / "o")])

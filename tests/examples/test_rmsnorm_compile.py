@@ -36,6 +36,14 @@ def _corner_cases() -> list[dict]:
     for threads, vecs in ((1024, 1), (512, 4), (256, 8), (128, 16)):
         out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=vecs, VEC_BYTES=16, STAGE=0,
                         CLUSTER=16 if threads == 1024 else 1, LOAD_HINT=3, STORE_HINT=1))
+    # the full 32 KB register tile at 512 threads in a cluster and at 1024 threads (64 registers per thread)
+    out.append(dict(base, THREADS=512, TPR=512, MAX_VECS=4, VEC_BYTES=16, STAGE=0, CLUSTER=2, LOAD_HINT=2))
+    out.append(dict(base, THREADS=1024, TPR=1024, MAX_VECS=2, VEC_BYTES=16, STAGE=0, CLUSTER=2, LOAD_HINT=3))
+    out.append(dict(base, THREADS=1024, TPR=256, MAX_VECS=4, VEC_BYTES=8, STAGE=1, CLUSTER=1, LOAD_HINT=5))
+    out.append(dict(base, THREADS=1024, TPR=1024, MAX_VECS=4, VEC_BYTES=8, STAGE=3, CLUSTER=1, RSQRT_APPROX=0,
+                    PERSISTENT=0, PIPE=2, TILE_ROWS=1, LOAD_HINT=3))
+    out.append(dict(base, THREADS=1024, TPR=1024, MAX_VECS=2, VEC_BYTES=16, STAGE=3, CLUSTER=4, RSQRT_APPROX=1,
+                    PERSISTENT=1, PIPE=1, TILE_ROWS=1, LOAD_HINT=0))
     # the largest register tiles OCCUPANCY allows (64 registers per thread)
     out.append(dict(base, THREADS=128, TPR=32, MAX_VECS=2, VEC_BYTES=16, STAGE=0, OCCUPANCY=8))
     out.append(dict(base, THREADS=256, TPR=256, MAX_VECS=4, VEC_BYTES=16, STAGE=3, OCCUPANCY=4, PIPE=2,
@@ -126,6 +134,24 @@ def test_pipe_batch_rule_is_needed(tmp_path: Path, change: dict) -> None:
     params = dict(ok, **change)
     assert not space.is_valid(params)
     assert space.is_valid(dict(params, OCCUPANCY=2))  # 255 registers
+    assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(params), tmp_path)) > 0
+
+
+@pytest.mark.parametrize("change", [{"LOAD_HINT": 2, "CLUSTER": 4}, {"MAX_VECS": 8, "VEC_BYTES": 4},
+                                    {"STAGE": 3, "CLUSTER": 2, "RSQRT_APPROX": 0, "PIPE": 2, "TILE_ROWS": 2, "PERSISTENT": 0}],
+                         ids=["ld-cg-cluster", "eight-vectors", "pipe-cluster-precise"])
+def test_reg_tile_rule_is_needed(tmp_path: Path, change: dict) -> None:
+    """What the 1024-thread register-tile rule keeps at half the budget does spill with the full 32 KB."""
+    base = dict(make_forward_problem().seeds[0].params)
+    ok = dict(base, THREADS=1024, TPR=1024, MAX_VECS=2, VEC_BYTES=16, STAGE=0, CLUSTER=1, OCCUPANCY=0,
+              PERSISTENT=1, LOAD_HINT=3, STORE_HINT=1, RSQRT_APPROX=1)
+    space = forward_param_space()
+    assert space.is_valid(ok)
+    assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(ok), tmp_path)) == 0
+    params = dict(ok, **change)
+    assert not space.is_valid(params), space.violations(params)
+    half = dict(params, MAX_VECS=params["MAX_VECS"] // 2)
+    assert space.is_valid(half), space.violations(half)
     assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(params), tmp_path)) > 0
 
 
