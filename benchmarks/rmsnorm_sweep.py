@@ -67,7 +67,7 @@ def _sample(space: Any, grid: list[dict[str, int]], k: int, rng: np.random.Gener
 
 
 def pipe_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
-    """STAGE 3 variants per row-length regime, a seeded sample of each grid, plus the seeds."""
+    """STAGE 3 variants per row-length regime, a seeded sample of each grid, plus the STAGE 3 seeds."""
     space = make_forward_problem(dtypes=["bfloat16"]).params
     p3 = dict(BASE, STAGE=3, VEC_BYTES=16, STORE_HINT=1, MAX_VECS=4)
     hints = {"LOAD_HINT": [0, 3], "STORE_HINT": [0, 1]}
@@ -80,7 +80,7 @@ def pipe_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
                    PIPE=[1, 2, 3], PERSISTENT=[0, 1, 2], **hints)),         # long rows: a cluster per row
     ]
     rng = np.random.default_rng(seed)
-    out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS]
+    out: list[dict[str, int]] = [dict(p) for p in FWD_SEED_PARAMS if p["STAGE"] == 3]
     per = max(1, (limit - len(out)) // len(regimes))
     for grid in regimes:
         out.extend(_sample(space, [dict(p, TPR=p["THREADS"]) if p["TPR"] == 0 else p for p in grid], per, rng,

@@ -179,6 +179,26 @@ def test_forward_seeds(cuda_device) -> None:
         _check(prob, g)
 
 
+def test_forward_full_register_tiles(cuda_device) -> None:
+    """The 32 KB register tiles the relaxed rule admits (512 threads in a cluster, 1024 threads in
+    STAGE 0, 1 and 3, alone and in clusters) are correct, the long rows held across the cluster included."""
+    prob = make_forward_problem()
+    base = dict(prob.seeds[0].params, TPR=0, VEC_BYTES=16, PERSISTENT=0, OCCUPANCY=0, STORE_HINT=1)
+    variants = [
+        dict(base, THREADS=512, MAX_VECS=4, STAGE=0, CLUSTER=2, LOAD_HINT=2),
+        dict(base, THREADS=1024, MAX_VECS=2, STAGE=0, CLUSTER=16, LOAD_HINT=3, RSQRT_APPROX=0),
+        dict(base, THREADS=1024, MAX_VECS=4, VEC_BYTES=8, STAGE=1, CLUSTER=4, LOAD_HINT=5),
+        dict(base, THREADS=1024, MAX_VECS=2, STAGE=3, CLUSTER=2, LOAD_HINT=0, PIPE=1, TILE_ROWS=1, PERSISTENT=1),
+        dict(base, THREADS=1024, MAX_VECS=4, VEC_BYTES=8, STAGE=3, CLUSTER=1, RSQRT_APPROX=0, PIPE=2, TILE_ROWS=1),
+    ]
+    variants = [dict(p, TPR=p["THREADS"]) for p in variants]
+    assert all(prob.params.is_valid(p) for p in variants), [prob.params.violations(p) for p in variants]
+    genomes = [prob.seeds[0].with_params(**p) for p in variants]
+    _compile(prob, genomes)
+    for g in genomes:
+        _check(prob, g, SMALL + [{"M": 3, "N": 32768 + 8}, {"M": 2, "N": 131072}])
+
+
 def test_forward_sampled_params(cuda_device) -> None:
     prob = make_forward_problem()
     rng = np.random.default_rng(11)
