@@ -192,6 +192,10 @@ def regtile_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     ``reg_tile_budget`` admits these tiles since ptxas was found to keep them without spills at
     64 registers per thread (they were held to 16 KB before). STAGE 0 (registers) and STAGE 1
     (the chunk in shared memory when it outgrows the tile); LOAD_HINT 3 (evict-first), 0, then 5.
+    On the H100 (``rmsnorm_sweep-2026-12-07-s29-h100-regtile.md``) the best of them per case reached
+    0.72-0.92 of the long rows' best genomes (STAGE 2 re-reads, STAGE 3 clusters of 128-256
+    threads): one 1024-thread CTA fills an SM's registers, and a cluster of them spreads one row
+    over 2-16 SMs.
     """
     space = make_forward_problem(dtypes=["bfloat16"]).params
     base = dict(BASE, VEC_BYTES=16, PERSISTENT=0, OCCUPANCY=0, WSMEM=0, STORE_HINT=1, RSQRT_APPROX=1)

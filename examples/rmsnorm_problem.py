@@ -643,14 +643,6 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     *({"THREADS": t, "TPR": t, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
        "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
        "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 0} for t in (64, 128, 256, 512, 1024)),
-    # STAGE 0 with the full 32 KB register tile at 1024 threads (two 16-byte vectors per thread, 64
-    # registers; reg_tile_budget), alone and in clusters of 2 to 16 CTAs: each holds a whole row of
-    # 32 KB to 512 KB in registers, read once (bf16 16K to 256K, fp32 8K to 128K). Admitted when the
-    # register rule was relaxed (twenty-ninth session) and added before a search had timed them:
-    # the long rows' best genomes so far re-read x (STAGE 2) or stage it in shared memory (STAGE 3)
-    *({"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 2,
-       "CLUSTER": c, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-       "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0} for c in (1, 2, 4, 8, 16)),
 )
 """Starting points, one or more per row-length regime (the engine searches from all of them).
 Each is the best variant, for the shapes its comment names, of a design-space sweep on the H200
