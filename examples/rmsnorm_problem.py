@@ -348,8 +348,8 @@ def reg_tile_budget(p: Mapping[str, Any]) -> int:
     vectors fit 64 registers at 1024 threads). At 1024 threads (64 registers per thread) the full
     budget holds in STAGE 0, 1 and 3 with at most 4 vectors per thread, except STAGE 0 with
     ld.global.cg (LOAD_HINT 2) in a cluster of 4 or more and STAGE 3 in a cluster with the precise
-    rsqrt, which spill 8-16 and 196-208 bytes there; those, 8 vectors of 4 bytes (8-228 bytes of
-    spills) and STAGE 4 get half (ptxas, nvcc 13.0, sm_90a).
+    rsqrt, which spill 8-16 and 8-32 bytes there; those, 8 vectors of 4 bytes (12-140 bytes of
+    spills) and STAGE 4 (as before, not probed) get half (ptxas, nvcc 13.0, sm_90a).
     """
     threads, stage = int(p["THREADS"]), int(p["STAGE"])
     if threads <= 512 or stage == 2:
