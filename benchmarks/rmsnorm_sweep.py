@@ -44,6 +44,7 @@ from evo.types import Genome, Status  # noqa: E402
 from examples.rmsnorm_problem import (  # noqa: E402
     FWD_ENTRY,
     FWD_SEED_PARAMS,
+    REG_TILE_BYTES,
     SMEM_CAP,
     TIMED_SHAPES,
     forward_source,
@@ -199,7 +200,7 @@ def regtile_set(limit: int, seed: int = 0) -> list[dict[str, int]]:
     """
     space = make_forward_problem(dtypes=["bfloat16"]).params
     base = dict(BASE, VEC_BYTES=16, PERSISTENT=0, OCCUPANCY=0, WSMEM=0, STORE_HINT=1, RSQRT_APPROX=1)
-    grid = [dict(q, TPR=q["THREADS"], MAX_VECS=32768 // (16 * q["THREADS"])) for q in
+    grid = [dict(q, TPR=q["THREADS"], MAX_VECS=REG_TILE_BYTES // (16 * q["THREADS"])) for q in
             _grid(base, LOAD_HINT=[3, 0, 5], STAGE=[0, 1], THREADS=[1024, 512], CLUSTER=[1, 2, 4, 8, 16])]
     valid = [p for p in grid if space.is_valid(p)]
     return valid[:max(limit, 0)]

@@ -183,7 +183,7 @@ def test_forward_full_register_tiles(cuda_device) -> None:
     """The 32 KB register tiles the relaxed rule admits (512 threads in a cluster, 1024 threads in
     STAGE 0, 1 and 3, alone and in clusters) are correct, the long rows held across the cluster included."""
     prob = make_forward_problem()
-    base = dict(prob.seeds[0].params, TPR=0, VEC_BYTES=16, PERSISTENT=0, OCCUPANCY=0, STORE_HINT=1)
+    base = dict(prob.seeds[0].params, VEC_BYTES=16, PERSISTENT=0, OCCUPANCY=0, STORE_HINT=1)
     variants = [
         dict(base, THREADS=512, MAX_VECS=4, STAGE=0, CLUSTER=2, LOAD_HINT=2),
         dict(base, THREADS=1024, MAX_VECS=2, STAGE=0, CLUSTER=16, LOAD_HINT=3, RSQRT_APPROX=0),
