@@ -773,13 +773,14 @@ def warm_array_kernels(xp: Any) -> None:
     candidate's device time.
     """
     from evo.types import Case
-    from fitness._dtypes import checksum, from_storage, poison, to_storage, upcast
+    from fitness._dtypes import checksum, from_storage, poison, storage_dtype, store_into, to_storage, upcast
     from fitness._gate import compare
 
     case = Case({"M": 2, "N": 3}, "float32")
     for dtype in ("float32", "bfloat16", "float16"):
         vals = xp.linspace(-2.0, 2.0, 6, dtype=xp.float32)
         stored = to_storage(vals, dtype, xp)
+        store_into(xp.empty(6, dtype=storage_dtype(dtype).name), vals, dtype, xp)
         checksum(stored, xp)
         wide = from_storage(stored, dtype, xp)
         upcast(stored, dtype, xp)

@@ -31,6 +31,7 @@ __all__ = [
     "poison",
     "poison_bits",
     "storage_dtype",
+    "store_into",
     "to_storage",
     "upcast",
 ]
@@ -106,6 +107,37 @@ def to_storage(values: Any, dtype: str, xp: Any) -> Any:
         return _f32_to_bf16_bits(values, xp)
     with np.errstate(over="ignore"):  # out-of-range values become +-inf, as the hardware does
         return xp.asarray(values).astype(storage_dtype(dtype).name)
+
+
+def store_into(dst: Any, values: Any, dtype: str, xp: Any) -> None:
+    """Write ``values`` rounded to the storage of ``dtype`` into ``dst``, in one pass.
+
+    The same bits as ``dst[...] = to_storage(values, dtype, xp)`` without the intermediate
+    array and its second copy (the Timing stage stores every case's inputs anew for each
+    evaluation: for a 2**31-element float32 input that is 16 GB of memory traffic less).
+
+    Args:
+        dst: A contiguous array of :func:`storage_dtype` ``(dtype)`` with as many elements as ``values``.
+        values: Any real array.
+        dtype: Problem dtype name.
+        xp: ``numpy`` or ``cupy``.
+
+    Raises:
+        ValueError: ``dst`` has the wrong dtype or element count.
+    """
+    want = storage_dtype(dtype)
+    if dst.dtype != want or dst.size != values.size:
+        raise ValueError(f"store_into: destination is {dst.dtype} x {dst.size}, needs {want} x {values.size} "
+                         f"for {dtype!r} values")
+    if dtype == "bfloat16":
+        fused = fused_for(xp)
+        if fused is not None and dst.flags.c_contiguous:
+            fused.f32_to_bf16(xp.asarray(values).reshape(dst.shape), out=dst)
+            return
+        dst[...] = _f32_to_bf16_bits(values, xp).reshape(dst.shape)
+        return
+    with np.errstate(over="ignore", invalid="ignore"):  # as to_storage: out-of-range floats become +-inf
+        xp.copyto(dst, xp.asarray(values).reshape(dst.shape), casting="unsafe")
 
 
 def from_storage(stored: Any, dtype: str, xp: Any) -> Any:

@@ -245,11 +245,18 @@ class Fused:
         c = counts.get()
         return float(sums[0]), float(sums[1]), int(c[0]), int(c[1])
 
-    def f32_to_bf16(self, x: Any) -> Any:
-        """bfloat16 bit patterns (uint16) of a float32 array, same shape."""
+    def f32_to_bf16(self, x: Any, out: Any = None) -> Any:
+        """bfloat16 bit patterns (uint16) of a float32 array, same shape (written into ``out``,
+        a C-contiguous uint16 array of that shape, when given)."""
         cp = self.cp
         x = cp.ascontiguousarray(x, dtype=cp.float32)
-        y = cp.empty(x.shape, dtype=cp.uint16)
+        if out is None:
+            y = cp.empty(x.shape, dtype=cp.uint16)
+        elif out.dtype != cp.uint16 or out.shape != x.shape or not out.flags.c_contiguous:
+            raise ValueError(f"f32_to_bf16: out must be C-contiguous uint16 of shape {x.shape}, "
+                             f"got {out.dtype} {out.shape}")
+        else:
+            y = out
         n = int(x.size)
         if n:
             self._fn("f32_to_bf16")((self._grid(n),), (BLOCK,), (x, y, cp.int64(n)))

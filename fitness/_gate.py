@@ -58,7 +58,7 @@ from fitness._device import (
     make_canary,
     scalar_args,
 )
-from fitness._dtypes import checksum, from_storage, is_float, poison, to_storage, upcast
+from fitness._dtypes import checksum, from_storage, is_float, poison, store_into, upcast
 from fitness._fused import FUSED_DTYPES, fused_for
 from fitness._plan import batch_count, batch_size, batch_time, raced_out, rotation_sets
 from fitness._stage import INCUMBENTS, Job, Stage, StageContext, StageResult
@@ -357,7 +357,7 @@ def _fill_inputs(backend: Backend, problem: Problem, case: Case, cs: _CaseSet, s
             if arr.size != buf.spec.numel:
                 raise ProblemError(f"make_inputs({case.key})[{name!r}] has {arr.size} elements, "
                                    f"signature says {buf.spec.numel}")
-            buf.array[...] = to_storage(arr, buf.spec.dtype, xp)
+            store_into(buf.array, arr, buf.spec.dtype, xp)
         del values
     with part("inputs/sums", sync=True):
         cs.in_sums = {n: checksum(b.array, xp) for n, b in cs.buffers.items() if b.spec.role == "in"}

@@ -9,7 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fitness._dtypes import checksum, from_storage, poison, poison_bits, storage_dtype, to_storage, upcast
+from fitness._dtypes import (
+    checksum,
+    from_storage,
+    poison,
+    poison_bits,
+    storage_dtype,
+    store_into,
+    to_storage,
+    upcast,
+)
 
 
 def _bf16_reference(x: np.ndarray) -> np.ndarray:
@@ -130,3 +139,31 @@ def test_checksum_views_of_other_dtypes():
     y[3] = -y[3]
     assert checksum(x, np) != checksum(y, np)
     assert checksum(x, np) == checksum(x.copy(), np)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64", "int32", "uint8"])
+def test_store_into_writes_the_bits_of_to_storage(dtype):
+    """One pass into the destination, the same bits as to_storage: rounding, overflow to infinity,
+    NaN, and only the destination's elements touched."""
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(1001) * 3).astype(np.float32)
+    x[:4] = [np.inf, -np.inf, np.nan, 3.3961776e38]
+    x[4] = np.float32(1.0 + 2**-8)  # a bfloat16 tie
+    src = x if is_float_name(dtype) else rng.integers(0, 100, size=x.size)
+    want = to_storage(src, dtype, np)
+    raw = np.full(src.size + 8, 7, dtype=storage_dtype(dtype))
+    store_into(raw[4:-4], src, dtype, np)
+    assert np.array_equal(raw[4:-4].view(np.uint8), want.view(np.uint8))
+    assert np.all(raw[:4] == 7) and np.all(raw[-4:] == 7)
+
+
+def test_store_into_rejects_a_wrong_destination():
+    x = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="needs uint16 x 8"):
+        store_into(np.empty(8, np.float32), x, "bfloat16", np)
+    with pytest.raises(ValueError, match="needs float32 x 8"):
+        store_into(np.empty(7, np.float32), x, "float32", np)
+
+
+def is_float_name(dtype: str) -> bool:
+    return dtype.startswith("float") or dtype == "bfloat16"

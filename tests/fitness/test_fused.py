@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from fitness._device import gpu_available
-from fitness._dtypes import checksum, from_storage, to_storage
+from fitness._dtypes import checksum, from_storage, storage_dtype, store_into, to_storage
 from fitness._fused import _NAMES, SOURCE, fused_for
 from fitness._gate import compare
 
@@ -65,6 +65,27 @@ def test_gpu_fused_conversions_and_checksum_match_numpy():
     # unaligned start: the scalar path
     x = rng.integers(0, 2**32, size=4099, dtype=np.uint32)
     assert checksum(x[1:], np) == checksum(cp.asarray(x)[1:], cp)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_store_into_matches_to_storage():
+    """store_into writes the bits of to_storage into a view of a larger buffer (the harness's
+    guarded buffers), leaving the bytes around it alone, on the device as on the host."""
+    import cupy as cp
+
+    rng = np.random.default_rng(5)
+    x = _values(rng, 4099)
+    for dtype in ("float32", "float16", "bfloat16", "float64", "int32"):
+        src = x if dtype != "int32" else rng.integers(-5, 5, size=x.size)
+        want = to_storage(src, dtype, np)
+        raw = cp.full(x.size + 64, 0x5A, dtype=storage_dtype(dtype).name)
+        store_into(raw[32:-32], cp.asarray(src), dtype, cp)
+        got = cp.asnumpy(raw)
+        assert np.array_equal(got[32:-32].view(np.uint8), want.view(np.uint8)), dtype
+        assert np.all(got[:32] == raw.dtype.type(0x5A)) and np.all(got[-32:] == raw.dtype.type(0x5A))
+    with pytest.raises(ValueError, match="out must be"):
+        fused_for(cp).f32_to_bf16(cp.zeros(4, cp.float32), out=cp.zeros(4, cp.float32))
 
 
 @pytest.mark.gpu
