@@ -423,6 +423,53 @@ def test_timing_reports_phases():
     assert case["graph"] is False  # the numpy backend records no batches
 
 
+def test_timing_poisons_and_sums_only_what_is_checked(monkeypatch):
+    """The warm-up's outputs are never checked and its inputs are replaced: the Timing stage
+    poisons each set's outputs once before the timed launches and once for the relaunch, and
+    checksums the inputs of the timed contents only."""
+    import fitness._gate as gate
+
+    calls = {"poison": 0, "fill": [], "sums": 0}
+    poison, fill = gate._poison_outputs, gate._fill_inputs
+
+    def counting_poison(backend, cs):
+        calls["poison"] += 1
+        poison(backend, cs)
+
+    def counting_fill(*args, **kw):
+        calls["fill"].append(kw.get("sums", True))
+        fill(*args, **kw)
+        calls["sums"] += bool(args[3].in_sums)
+
+    monkeypatch.setattr(gate, "_poison_outputs", counting_poison)
+    monkeypatch.setattr(gate, "_fill_inputs", counting_fill)
+    res, _ = run_stage(Timing(), "good")
+    assert res.ok, res.artifacts
+    sets = [c["sets"] for c in res.metrics["cases"].values()]
+    assert sets == [2, 3]  # float32, bfloat16
+    # per case, the warm-up's contents and then the timed ones
+    assert calls["fill"] == [False] * 2 + [True] * 2 + [False] * 3 + [True] * 3
+    assert calls["sums"] == sum(sets)
+    assert calls["poison"] == sum(sets) + len(sets)
+
+
+def test_integrity_without_input_checksums_is_a_harness_error():
+    from fitness._device import GUARD_BYTES
+    from fitness._gate import _fill_inputs, _integrity, _new_set
+
+    backend = NumpyBackend(KERNELS)
+    problem = small_problem()
+    case = problem.timed_cases()[0]
+    specs = list(problem.signature(case))
+    cs = _new_set(backend, specs, [], make_canary(4, GUARD_BYTES, np))
+    _fill_inputs(backend, problem, case, cs, 7, sums=False)
+    assert cs.in_sums == {}
+    with pytest.raises(RuntimeError, match="without its checksum"):
+        _integrity(backend, cs)
+    _fill_inputs(backend, problem, case, cs, 7)
+    assert set(cs.in_sums) == {"x", "w"} and _integrity(backend, cs) is None
+
+
 def test_timing_catches_out_of_bounds_writes():
     res, _ = run_stage(Timing(), "oob_after")
     assert res.status is Status.INCORRECT and "out-of-bounds" in res.artifacts["mismatch"]
