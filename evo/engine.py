@@ -54,6 +54,7 @@ STATE_VERSION = 1
 DEFAULT_OPERATORS = ("param_mutation", "screened_param_mutation", "param_crossover")
 LLM_OPERATORS = ("llm_diff", "llm_rewrite", "llm_crossover", "llm_repair")
 SEED_OPERATORS = ("seed", "warm_start")
+WARM_START_SEEDS = ("auto", "all", "new")
 
 
 def _found_by(record: Any) -> str | None:
@@ -138,6 +139,14 @@ class EngineConfig:
             fastest was not the H200's on 22 of 33 cases).
         warm_start_within: The runners-up taken by ``warm_start_per_case`` > 1 are at most
             this fraction slower than the case's champion in the warm-start archive.
+        warm_start_seeds: Which of the problem's seeds a warm-started run evaluates: ``"all"``;
+            ``"new"``, those the warm-start archive holds no successful evaluation of (seeds added
+            or changed since); ``"auto"`` (default), ``"new"`` when the warm-start archive was
+            filled on the GPU this run's evaluator reports (same name), else ``"all"`` (or while
+            that GPU is not known yet). On the same GPU, the seeds that lost there lose here too
+            (the winners come back as elites or champions); on another GPU they are re-timed:
+            of an H100 archive's genomes re-timed on an H200, 13 of the 16 per-case winners
+            were seeds.
         failed_parents: Recent failed records kept as parents for repair operators.
         max_attempts: Operator calls per requested candidate before ``ask`` gives up.
         max_executor_errors: Consecutive executor exceptions (harness faults, not
@@ -185,6 +194,7 @@ class EngineConfig:
     warm_start_champions: bool = True
     warm_start_per_case: int = 1
     warm_start_within: float = 0.05
+    warm_start_seeds: str = "auto"
     failed_parents: int = 32
     max_attempts: int = 8
     max_executor_errors: int = 5
@@ -224,6 +234,8 @@ class EngineConfig:
             errs.append(f"warm_start_per_case={self.warm_start_per_case} must be >= 1 (1: each case's champion)")
         if not self.warm_start_within >= 0.0:
             errs.append(f"warm_start_within={self.warm_start_within} must be a fraction >= 0")
+        if self.warm_start_seeds not in WARM_START_SEEDS:
+            errs.append(f"warm_start_seeds={self.warm_start_seeds!r} must be one of {WARM_START_SEEDS}")
         if self.executor not in ("local", "ray"):
             errs.append(f"executor={self.executor!r} must be 'local' or 'ray'")
         if errs:
@@ -475,6 +487,9 @@ class Engine:
         self._failed: collections.deque[str] = collections.deque(maxlen=self.config.failed_parents)
         self._best_fraction: float | None = None
         self._warm_started = False
+        self._warm_known: set[str] = set()  # problem seeds the warm-start archive evaluated OK
+        self._warm_device: str | None = None  # the GPU that archive was filled on
+        self._warm_skipped: set[str] = set()  # those of _warm_known left out (warm_start_seeds)
         self._device_set = False
         self._closed = False
         self.last_run: dict[str, Any] | None = None
@@ -528,9 +543,11 @@ class Engine:
         return [self._pending[i] for i in sorted(self._pending)]
 
     def stats(self) -> dict[str, Any]:
-        """Counters: evaluations, proposals, duplicates, operator_errors, cost, migrations, per operator."""
+        """Counters: evaluations, proposals, duplicates, operator_errors, cost, migrations, per operator,
+        ``warm_start_seeds_skipped`` (problem seeds left out, ``EngineConfig.warm_start_seeds``)."""
         out: dict[str, Any] = dict(self._stats)
         out.update(evaluations=self._evaluations, generation=self._generation, cost=self._cost,
+                   warm_start_seeds_skipped=len(self._warm_skipped),
                    pending=len(self._pending), migrations=self.islands.migrations,
                    operators=self.bandit.summary())
         for k in ("proposals", "duplicates", "operator_errors"):
@@ -857,12 +874,27 @@ class Engine:
                 g = Genome.from_dict(item["genome"])
                 if g.id in self.archive or g.id in self._in_flight_ids():
                     continue
+                if item.get("operator", "seed") == "seed" and g.id in self._warm_known and self._skip_known_seeds():
+                    if not self._warm_skipped:
+                        log.info("warm start: the problem's seeds that the warm-start archive already evaluated "
+                                 "on %s are not evaluated again (EngineConfig.warm_start_seeds=%r)",
+                                 self._warm_device or "this GPU", self.config.warm_start_seeds)
+                    self._warm_skipped.add(g.id)
+                    continue
                 island = self._next_id % self.islands.n
                 c = self._new_candidate(g, (), item.get("operator", "seed"), self._generation, island,
                                         item.get("note", ""), item.get("meta"))
                 self._queue.remove(c.id)
                 return c
             return None
+
+    def _skip_known_seeds(self) -> bool:
+        """Whether a problem seed the warm-start archive evaluated OK is left out (``warm_start_seeds``)."""
+        mode = self.config.warm_start_seeds
+        if mode != "auto":
+            return mode == "new"
+        here = ((getattr(self.archive, "header", None) or {}).get("device") or {}).get("name")
+        return here is not None and here == self._warm_device
 
     def _pool(self, island: int, k: int) -> list[Entry]:
         es = self.islands.entries(island)
@@ -1163,6 +1195,11 @@ class Engine:
                               "meta": {"warm_start": origin}})
             self._seed_queue.extendleft(reversed(items))  # ahead of the problem's seeds, in order
             queued = len(items)
+            for g in self.problem.seeds:
+                rec = src.get(self._canonical(g).id)
+                if rec is not None and rec.evaluation is not None and rec.evaluation.ok:
+                    self._warm_known.add(rec.genome.id)
+            self._warm_device = ((getattr(src, "header", {}) or {}).get("device") or {}).get("name")
             copied = 0
             for lesson in src.lessons.all():
                 self.archive.lessons.append(lesson.replace(seq=-1))
@@ -1191,6 +1228,9 @@ class Engine:
             "failed": list(self._failed),
             "best_fraction": self._best_fraction,
             "warm_started": self._warm_started,
+            "warm_known": sorted(self._warm_known),
+            "warm_device": self._warm_device,
+            "warm_skipped": sorted(self._warm_skipped),
             "saved": time.time(),
         }
 
@@ -1219,6 +1259,9 @@ class Engine:
         self._failed.extend(s.get("failed") or [])
         self._best_fraction = s.get("best_fraction")
         self._warm_started = bool(s.get("warm_started", False))
+        self._warm_known = {str(g) for g in s.get("warm_known") or []}
+        self._warm_device = s.get("warm_device")
+        self._warm_skipped = {str(g) for g in s.get("warm_skipped") or []}
         recovered = 0
         for d in s.get("pending") or []:
             c = Candidate.from_state(d)

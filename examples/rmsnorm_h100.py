@@ -6,6 +6,7 @@ Usage::
     python examples/rmsnorm_h100.py --quick --evaluations 50
     python examples/rmsnorm_h100.py --backward --minutes 3     # dx and dw instead
     python examples/rmsnorm_h100.py --archive runs/new.lmdb --warm-start runs/rmsnorm_h100.lmdb
+    python examples/rmsnorm_h100.py --archive runs/new.lmdb --warm-start runs/old.lmdb --warm-start-seeds all
 
 On a machine without a usable GPU it stops at once with exit code 2. After the search it
 prints, per timed case, the best record found against torch.nn.functional.rms_norm and
@@ -149,6 +150,11 @@ def summary(engine: Any, arch: Any, problem: Any, best: Any) -> str:
             f"{o['operator']} {o['evaluations']} evaluated"
             + (f", {o['faster']} of {o['children']} faster than the parent" if o["children"] else "")
             + f", {o['new_best']} new best" for o in ops))
+    stats = getattr(engine, "stats", None)
+    skipped = stats().get("warm_start_seeds_skipped", 0) if callable(stats) else 0
+    if skipped:
+        lines.append(f"warm start: {skipped} of the family's {len(problem.seeds)} seeds not timed again (the "
+                     "warm-start archive timed them on this GPU; --warm-start-seeds all times them)")
     seeds = [arch.get(g.id) for g in problem.seeds]
     seed_fit = [r.evaluation.fitness for r in seeds if r is not None and r.evaluation.fitness is not None]
     if seed_fit and best is not None:
@@ -181,6 +187,11 @@ def main(argv: list[str] | None = None) -> int:
                     "champion) are re-evaluated, not its champion alone: an archive searched on another GPU "
                     "ranks close genomes differently (an H100 archive's top 3 per case re-timed on an H200: "
                     "its fastest was not the H200's on 22 of 33 cases)")
+    ap.add_argument("--warm-start-seeds", choices=("auto", "all", "new"), default="auto",
+                    help="with --warm-start: 'auto' leaves out the family's seeds that archive evaluated "
+                    "on this same GPU (they lost there; its winners come back as elites or champions) and "
+                    "times them all when it was searched on another GPU; 'all' always times them; 'new' "
+                    "never times those it evaluated")
     ap.add_argument("--compare-dtypes", default="bfloat16,float16,float32",
                     help="dtypes compared against torch (torch.compile compiles once per case)")
     args = ap.parse_args(argv)
@@ -222,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     arch = archive.Archive(problem, args.archive)
     try:
         engine = Engine(problem, arch, evaluator=evaluator, llm=llm, seed=args.seed,
-                        config=EngineConfig(racing=not args.no_racing, warm_start_per_case=args.warm_start_per_case),
+                        config=EngineConfig(racing=not args.no_racing, warm_start_per_case=args.warm_start_per_case,
+                                            warm_start_seeds=args.warm_start_seeds),
                         warm_start=args.warm_start)
         best = engine.run(Budget(seconds=args.minutes * 60, evaluations=args.evaluations))
         if best is None:

@@ -493,8 +493,75 @@ def test_warm_start_per_case_brings_close_runners_up(tmp_path: Path) -> None:
     assert set(warm(EngineConfig(islands=1, warm_start_elites=1), "one")) == {champ.id}
 
 
+class _OnGpu(ParamsExecutor):
+    """ParamsExecutor that reports a GPU, as the real evaluator does after its first evaluation."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.device_info = {"name": name, "compute_capability": "9.0"}
+
+
+def _seeds_source(tmp_path: Path, gpu: str | None) -> tuple[Genome, Genome, Genome, list[Genome]]:
+    """A warm-start archive filled on ``gpu`` holding one of three seeds OK and another failed,
+    plus three better genomes (its elites, re-evaluated first)."""
+    src = Archive(make_problem(), str(tmp_path / "src"))
+    if gpu is not None:
+        src.set_device({"name": gpu, "compute_capability": "9.0"})
+    ok_seed, failed_seed, new_seed = seed_genome(), seed_genome(THREADS=256), seed_genome(THREADS=64)
+    src.add(Record(ok_seed, Evaluation(Status.OK, fitness=0.1, resources={"registers": 8}), operator="seed"))
+    src.add(Record(failed_seed, Evaluation(Status.COMPILE_ERROR, artifacts={"compile_log": "x"}), operator="seed"))
+    elites = [seed_genome(UNROLL=u, VEC=v) for u, v in ((2, 1), (1, 2), (2, 2))]
+    for i, g in enumerate(elites):
+        src.add(Record(g, Evaluation(Status.OK, fitness=0.9 - 0.1 * i, resources={"registers": 8 + 8 * i}),
+                       operator="param_mutation"))
+    src.close()
+    return ok_seed, failed_seed, new_seed, elites
+
+
+@pytest.mark.parametrize("mode,gpu,skipped", [("auto", "GPU A", True), ("auto", "GPU B", False),
+                                              ("new", "GPU B", True), ("all", "GPU A", False)])
+def test_warm_start_seeds_the_source_evaluated_on_this_gpu_are_not_timed_again(
+        tmp_path: Path, mode: str, gpu: str, skipped: bool) -> None:
+    """``warm_start_seeds``: "auto" leaves out the problem's seeds that the warm-start archive
+    evaluated OK when it was filled on the GPU the evaluator reports; on another GPU, or with
+    "all", they are evaluated; "new" leaves them out anywhere. Seeds it failed or never saw
+    are always evaluated, and the choice survives a reopened engine."""
+    ok_seed, failed_seed, new_seed, elites = _seeds_source(tmp_path, "GPU A")
+    problem = make_problem(seeds=(ok_seed, failed_seed, new_seed))
+    cfg = EngineConfig(islands=1, in_flight=1, warm_start_elites=3, warm_start_champions=False,
+                       warm_start_seeds=mode)
+    with Engine(problem, str(tmp_path / "dst"), evaluator=_OnGpu(gpu), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        eng.run(Budget(evaluations=4), progress=False)  # three elites, then a seed
+        assert eng.archive.header["device"]["name"] == gpu
+    with Engine(problem, str(tmp_path / "dst"), evaluator=_OnGpu(gpu), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        eng.run(Budget(evaluations=6), progress=False)  # resumed (the budget counts from the start)
+        seeds = [r.genome.id for r in eng.archive.records() if r.operator == "seed"]
+        stats = eng.stats()
+        assert [r.genome.id for r in eng.archive.records()][:3] == [g.id for g in elites]
+    want = [failed_seed.id, new_seed.id] if skipped else [ok_seed.id, failed_seed.id, new_seed.id]
+    assert seeds[: len(want)] == want
+    assert stats["warm_start_seeds_skipped"] == (1 if skipped else 0)
+
+
+def test_warm_start_seeds_auto_times_them_while_the_gpu_is_unknown(tmp_path: Path) -> None:
+    """"auto" with an evaluator that reports no GPU (or a source archive that recorded none)
+    evaluates every seed: leaving one out needs both GPUs known and the same."""
+    ok_seed, failed_seed, new_seed, _ = _seeds_source(tmp_path, None)
+    problem = make_problem(seeds=(ok_seed, failed_seed, new_seed))
+    cfg = EngineConfig(islands=1, in_flight=1, warm_start_elites=3, warm_start_champions=False)
+    assert cfg.warm_start_seeds == "auto"
+    with Engine(problem, str(tmp_path / "dst"), evaluator=_OnGpu("GPU A"), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        eng.run(Budget(evaluations=6), progress=False)
+        seeds = {r.genome.id for r in eng.archive.records() if r.operator == "seed"}
+    assert seeds == {ok_seed.id, failed_seed.id, new_seed.id}
+
+
 @pytest.mark.parametrize("kw,message", [({"warm_start_per_case": 0}, "warm_start_per_case=0 must be >= 1"),
-                                        ({"warm_start_within": -0.1}, "warm_start_within=-0.1 must be a fraction")])
+                                        ({"warm_start_within": -0.1}, "warm_start_within=-0.1 must be a fraction"),
+                                        ({"warm_start_seeds": "some"}, "warm_start_seeds='some' must be one of")])
 def test_warm_start_per_case_settings_are_checked(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EngineConfig(**kw)

@@ -42,8 +42,12 @@ def test_summary_reports_the_run_and_the_gain_over_the_seeds(tmp_path: Path) -> 
         engine = SimpleNamespace(last_run={"evaluations": 3, "seconds": 30.0, "rate_per_min": 6.0, "gpu_busy": 0.91,
                                            "stop": "time budget reached"})
         text = summary(engine, arch, prob, arch.best())
+        engine.stats = lambda: {"warm_start_seeds_skipped": 2}
+        warm = summary(engine, arch, prob, arch.best())
     finally:
         arch.close()
+    assert "warm start" not in text
+    assert f"warm start: 2 of the family's {len(prob.seeds)} seeds not timed again" in warm
     assert "3 evaluations in 30 s (6.0/min), GPU busy 91%" in text
     assert "stopped: time budget reached; archive: 3 records" in text
     assert "best fitness 0.6000" in text and "vs best seed 0.5000: 1.200x" in text
@@ -95,4 +99,12 @@ def test_warm_start_per_case_below_one_is_refused_before_any_gpu_work(tmp_path: 
                        timeout=120)
     assert r.returncode == 2, r.stderr
     assert "--warm-start-per-case must be 1 or more" in r.stderr
+    assert not (tmp_path / "a.lmdb").exists()
+
+
+def test_warm_start_seeds_takes_auto_all_or_new(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "rmsnorm_h100.py"), "--archive",
+                        str(tmp_path / "a.lmdb"), "--warm-start-seeds", "some"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "--warm-start-seeds: invalid choice: 'some'" in r.stderr
     assert not (tmp_path / "a.lmdb").exists()
