@@ -142,8 +142,8 @@ class EngineConfig:
         warm_start_seeds: Which of the problem's seeds a warm-started run evaluates: ``"all"``;
             ``"new"``, those the warm-start archive holds no successful evaluation of (seeds added
             or changed since); ``"auto"`` (default), ``"new"`` when the warm-start archive was
-            filled on the GPU this run's evaluator reports (same name), else ``"all"`` (or while
-            that GPU is not known yet). On the same GPU, the seeds that lost there lose here too
+            filled for the same problem (fingerprint: shapes, dtypes, params, ...) on the GPU this
+            run's evaluator reports (same name), else ``"all"`` (also while that GPU is not known). On the same GPU, the seeds that lost there lose here too
             (the winners come back as elites or champions); on another GPU they are re-timed:
             of an H100 archive's genomes re-timed on an H200, 13 of the 16 per-case winners
             were seeds.
@@ -489,6 +489,7 @@ class Engine:
         self._warm_started = False
         self._warm_known: set[str] = set()  # problem seeds the warm-start archive evaluated OK
         self._warm_device: str | None = None  # the GPU that archive was filled on
+        self._warm_fingerprint: str | None = None  # and its problem's fingerprint
         self._warm_skipped: set[str] = set()  # those of _warm_known left out (warm_start_seeds)
         self._device_set = False
         self._closed = False
@@ -893,8 +894,10 @@ class Engine:
         mode = self.config.warm_start_seeds
         if mode != "auto":
             return mode == "new"
-        here = ((getattr(self.archive, "header", None) or {}).get("device") or {}).get("name")
-        return here is not None and here == self._warm_device
+        header = getattr(self.archive, "header", None) or {}
+        here = (header.get("device") or {}).get("name")
+        return (here is not None and here == self._warm_device
+                and self._warm_fingerprint is not None and header.get("problem_fingerprint") == self._warm_fingerprint)
 
     def _pool(self, island: int, k: int) -> list[Entry]:
         es = self.islands.entries(island)
@@ -1199,7 +1202,9 @@ class Engine:
                 rec = src.get(self._canonical(g).id)
                 if rec is not None and rec.evaluation is not None and rec.evaluation.ok:
                     self._warm_known.add(rec.genome.id)
-            self._warm_device = ((getattr(src, "header", {}) or {}).get("device") or {}).get("name")
+            header = getattr(src, "header", {}) or {}
+            self._warm_device = (header.get("device") or {}).get("name")
+            self._warm_fingerprint = header.get("problem_fingerprint")
             copied = 0
             for lesson in src.lessons.all():
                 self.archive.lessons.append(lesson.replace(seq=-1))
@@ -1230,6 +1235,7 @@ class Engine:
             "warm_started": self._warm_started,
             "warm_known": sorted(self._warm_known),
             "warm_device": self._warm_device,
+            "warm_fingerprint": self._warm_fingerprint,
             "warm_skipped": sorted(self._warm_skipped),
             "saved": time.time(),
         }
@@ -1261,6 +1267,7 @@ class Engine:
         self._warm_started = bool(s.get("warm_started", False))
         self._warm_known = {str(g) for g in s.get("warm_known") or []}
         self._warm_device = s.get("warm_device")
+        self._warm_fingerprint = s.get("warm_fingerprint")
         self._warm_skipped = {str(g) for g in s.get("warm_skipped") or []}
         recovered = 0
         for d in s.get("pending") or []:

@@ -189,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                     "its fastest was not the H200's on 22 of 33 cases)")
     ap.add_argument("--warm-start-seeds", choices=("auto", "all", "new"), default="auto",
                     help="with --warm-start: 'auto' leaves out the family's seeds that archive evaluated "
-                    "on this same GPU (they lost there; its winners come back as elites or champions) and "
-                    "times them all when it was searched on another GPU; 'all' always times them; 'new' "
-                    "never times those it evaluated")
+                    "for the same Problem on this same GPU (they lost there; its winners come back as elites "
+                    "or champions) and times them all otherwise (another GPU, other shapes); 'all' always "
+                    "times them; 'new' never times those it evaluated")
     ap.add_argument("--compare-dtypes", default="bfloat16,float16,float32",
                     help="dtypes compared against torch (torch.compile compiles once per case)")
     args = ap.parse_args(argv)

@@ -545,18 +545,22 @@ def test_warm_start_seeds_the_source_evaluated_on_this_gpu_are_not_timed_again(
     assert stats["warm_start_seeds_skipped"] == (1 if skipped else 0)
 
 
-def test_warm_start_seeds_auto_times_them_while_the_gpu_is_unknown(tmp_path: Path) -> None:
-    """"auto" with an evaluator that reports no GPU (or a source archive that recorded none)
-    evaluates every seed: leaving one out needs both GPUs known and the same."""
-    ok_seed, failed_seed, new_seed, _ = _seeds_source(tmp_path, None)
-    problem = make_problem(seeds=(ok_seed, failed_seed, new_seed))
+@pytest.mark.parametrize("what", ["source without a GPU", "another problem"])
+def test_warm_start_seeds_auto_times_them_unless_gpu_and_problem_match(tmp_path: Path, what: str) -> None:
+    """"auto" evaluates every seed when the warm-start archive recorded no GPU, or was filled
+    for another problem (other timed shapes: its times say nothing about these cases)."""
+    ok_seed, failed_seed, new_seed, _ = _seeds_source(tmp_path, None if what == "source without a GPU" else "GPU A")
+    seeds = (ok_seed, failed_seed, new_seed)
+    problem = (make_problem(seeds=seeds) if what == "source without a GPU" else
+               make_problem("cpu_axpy_big", check_shapes=({"N": 100000},), seeds=seeds))
     cfg = EngineConfig(islands=1, in_flight=1, warm_start_elites=3, warm_start_champions=False)
     assert cfg.warm_start_seeds == "auto"
     with Engine(problem, str(tmp_path / "dst"), evaluator=_OnGpu("GPU A"), config=cfg,
                 warm_start=str(tmp_path / "src")) as eng:
         eng.run(Budget(evaluations=6), progress=False)
-        seeds = {r.genome.id for r in eng.archive.records() if r.operator == "seed"}
-    assert seeds == {ok_seed.id, failed_seed.id, new_seed.id}
+        got = {r.genome.id for r in eng.archive.records() if r.operator == "seed"}
+        assert eng.stats()["warm_start_seeds_skipped"] == 0
+    assert got == {ok_seed.id, failed_seed.id, new_seed.id}
 
 
 @pytest.mark.parametrize("kw,message", [({"warm_start_per_case": 0}, "warm_start_per_case=0 must be >= 1"),
