@@ -187,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                     "champion) are re-evaluated, not its champion alone: an archive searched on another GPU "
                     "ranks close genomes differently (an H100 archive's top 3 per case re-timed on an H200: "
                     "its fastest was not the H200's on 22 of 33 cases)")
+    ap.add_argument("--warm-start-within", type=float, default=0.05, metavar="F",
+                    help="with --warm-start-per-case K > 1: the runners-up taken are at most this fraction "
+                    "slower than the case's champion in that archive (widen it, e.g. 0.25, for an archive "
+                    "searched on another GPU)")
     ap.add_argument("--warm-start-seeds", choices=("auto", "all", "new"), default="auto",
                     help="with --warm-start: 'auto' leaves out the family's seeds that archive evaluated "
                     "for the same Problem on this same GPU (they lost there; its winners come back as elites "
@@ -197,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.warm_start_per_case < 1:
         ap.error(f"--warm-start-per-case must be 1 or more (got {args.warm_start_per_case}; 1: the champions alone)")
+    if not args.warm_start_within >= 0.0:
+        ap.error(f"--warm-start-within must be a fraction >= 0 (got {args.warm_start_within})")
     if args.warm_start is not None:  # a clear error now, not after the GPU is set up
         import archive
 
@@ -234,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         engine = Engine(problem, arch, evaluator=evaluator, llm=llm, seed=args.seed,
                         config=EngineConfig(racing=not args.no_racing, warm_start_per_case=args.warm_start_per_case,
+                                            warm_start_within=args.warm_start_within,
                                             warm_start_seeds=args.warm_start_seeds),
                         warm_start=args.warm_start)
         best = engine.run(Budget(seconds=args.minutes * 60, evaluations=args.evaluations))

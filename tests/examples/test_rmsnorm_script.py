@@ -108,3 +108,12 @@ def test_warm_start_seeds_takes_auto_all_or_new(tmp_path: Path) -> None:
                        timeout=120)
     assert r.returncode == 2 and "--warm-start-seeds: invalid choice: 'some'" in r.stderr
     assert not (tmp_path / "a.lmdb").exists()
+
+
+def test_warm_start_within_below_zero_is_refused_before_any_gpu_work(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "rmsnorm_h100.py"), "--archive",
+                        str(tmp_path / "a.lmdb"), "--warm-start-within", "-0.1"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "--warm-start-within must be a fraction >= 0 (got -0.1)" in r.stderr
+    assert not (tmp_path / "a.lmdb").exists()
