@@ -93,27 +93,15 @@ def test_warm_start_that_is_not_an_archive_is_a_clear_error(tmp_path: Path, what
     assert not (tmp_path / "a.lmdb").exists()
 
 
-def test_warm_start_per_case_below_one_is_refused_before_any_gpu_work(tmp_path: Path) -> None:
+@pytest.mark.parametrize("option,value,message", [
+    ("--warm-start-per-case", "0", "--warm-start-per-case must be 1 or more"),
+    ("--warm-start-seeds", "some", "--warm-start-seeds: invalid choice: 'some'"),
+    ("--warm-start-within", "-0.1", "--warm-start-within must be a fraction >= 0 (got -0.1)"),
+])
+def test_bad_warm_start_options_are_refused_before_any_gpu_work(tmp_path: Path, option: str, value: str,
+                                                                 message: str) -> None:
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "rmsnorm_h100.py"), "--archive",
-                        str(tmp_path / "a.lmdb"), "--warm-start-per-case", "0"], capture_output=True, text=True,
-                       timeout=120)
+                        str(tmp_path / "a.lmdb"), option, value], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
-    assert "--warm-start-per-case must be 1 or more" in r.stderr
-    assert not (tmp_path / "a.lmdb").exists()
-
-
-def test_warm_start_seeds_takes_auto_all_or_new(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "rmsnorm_h100.py"), "--archive",
-                        str(tmp_path / "a.lmdb"), "--warm-start-seeds", "some"], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2 and "--warm-start-seeds: invalid choice: 'some'" in r.stderr
-    assert not (tmp_path / "a.lmdb").exists()
-
-
-def test_warm_start_within_below_zero_is_refused_before_any_gpu_work(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(ROOT / "examples" / "rmsnorm_h100.py"), "--archive",
-                        str(tmp_path / "a.lmdb"), "--warm-start-within", "-0.1"], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 2, r.stderr
-    assert "--warm-start-within must be a fraction >= 0 (got -0.1)" in r.stderr
+    assert message in r.stderr
     assert not (tmp_path / "a.lmdb").exists()
