@@ -150,8 +150,7 @@ def summary(engine: Any, arch: Any, problem: Any, best: Any) -> str:
             f"{o['operator']} {o['evaluations']} evaluated"
             + (f", {o['faster']} of {o['children']} faster than the parent" if o["children"] else "")
             + f", {o['new_best']} new best" for o in ops))
-    stats = getattr(engine, "stats", None)
-    skipped = stats().get("warm_start_seeds_skipped", 0) if callable(stats) else 0
+    skipped = engine.stats().get("warm_start_seeds_skipped", 0)
     if skipped:
         lines.append(f"warm start: {skipped} of the family's {len(problem.seeds)} seeds not timed again (the "
                      "warm-start archive timed them on this GPU; --warm-start-seeds all times them)")

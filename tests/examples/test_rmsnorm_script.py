@@ -40,7 +40,7 @@ def test_summary_reports_the_run_and_the_gain_over_the_seeds(tmp_path: Path) -> 
         arch.add(Record(child, Evaluation(Status.OK, fitness=0.60, resources={"registers": 48}),
                         parents=(prob.seeds[0].id,), operator="param_mutation"))
         engine = SimpleNamespace(last_run={"evaluations": 3, "seconds": 30.0, "rate_per_min": 6.0, "gpu_busy": 0.91,
-                                           "stop": "time budget reached"})
+                                           "stop": "time budget reached"}, stats=lambda: {})
         text = summary(engine, arch, prob, arch.best())
         engine.stats = lambda: {"warm_start_seeds_skipped": 2}
         warm = summary(engine, arch, prob, arch.best())

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from fitness._dtypes import (
     checksum,
     from_storage,
+    is_float,
     poison,
     poison_bits,
     storage_dtype,
@@ -149,7 +150,7 @@ def test_store_into_writes_the_bits_of_to_storage(dtype):
     x = (rng.standard_normal(1001) * 3).astype(np.float32)
     x[:4] = [np.inf, -np.inf, np.nan, 3.3961776e38]
     x[4] = np.float32(1.0 + 2**-8)  # a bfloat16 tie
-    src = x if is_float_name(dtype) else rng.integers(0, 100, size=x.size)
+    src = x if is_float(dtype) else rng.integers(0, 100, size=x.size)
     want = to_storage(src, dtype, np)
     raw = np.full(src.size + 8, 7, dtype=storage_dtype(dtype))
     store_into(raw[4:-4], src, dtype, np)
@@ -163,7 +164,3 @@ def test_store_into_rejects_a_wrong_destination():
         store_into(np.empty(8, np.float32), x, "bfloat16", np)
     with pytest.raises(ValueError, match="needs float32 x 8"):
         store_into(np.empty(7, np.float32), x, "float32", np)
-
-
-def is_float_name(dtype: str) -> bool:
-    return dtype.startswith("float") or dtype == "bfloat16"
