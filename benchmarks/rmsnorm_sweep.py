@@ -216,12 +216,15 @@ def _geomean(xs: list[float]) -> float:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else 0.0
 
 
-_KNOBS = ["STAGE", "THREADS", "TPR", "CLUSTER", "PIPE", "TILE_ROWS", "PERSISTENT", "MAX_VECS", "VEC_BYTES",
-          "LOAD_HINT", "STORE_HINT", "OCCUPANCY", "WSMEM"]
+_KNOBS = {"STAGE": "ST", "THREADS": "TH", "TPR": "TPR", "CLUSTER": "CL", "PIPE": "PI", "TILE_ROWS": "TR",
+          "PERSISTENT": "PE", "MAX_VECS": "MV", "VEC_BYTES": "VB", "LOAD_HINT": "LH", "STORE_HINT": "SH",
+          "OCCUPANCY": "OC", "WSMEM": "WS", "RSQRT_APPROX": "RA", "PREFETCH": "PF"}
+"""The forward knobs a variant's name shows, each under its own short label."""
 
 
 def _variant_name(params: Mapping[str, Any]) -> str:
-    return " ".join(f"{k[:2]}{params.get(k, '-')}" for k in _KNOBS)
+    """One variant's knobs, e.g. ``ST0 TH256 TPR256 ... PF1``: every forward knob, each label distinct."""
+    return " ".join(f"{short}{params.get(k, '-')}" for k, short in _KNOBS.items())
 
 
 def render_comparison(new: list[dict[str, Any]], old: list[dict[str, Any]]) -> str:

@@ -99,3 +99,17 @@ def test_policy_set_compares_the_hints_on_equal_terms() -> None:
         four = variants[i:i + 4]
         assert [p["LOAD_HINT"] for p in four] == [0, 3, 4, 5]
         assert len({tuple(sorted((k, v) for k, v in p.items() if k != "LOAD_HINT")) for p in four}) == 1
+
+
+def test_variant_names_tell_every_knob_apart() -> None:
+    """Two variants that differ in any one forward knob get different names (PREFETCH and
+    RSQRT_APPROX included; STAGE / STORE_HINT and PERSISTENT / PREFETCH do not share a label)."""
+    from examples.rmsnorm_problem import forward_param_space
+
+    space = forward_param_space()
+    base = dict(make_forward_problem().seeds[0].params)
+    assert set(rmsnorm_sweep._KNOBS) == set(space.params)
+    assert len(set(rmsnorm_sweep._KNOBS.values())) == len(rmsnorm_sweep._KNOBS)
+    for knob in space.params:
+        other = dict(base, **{knob: int(base[knob]) + 1})
+        assert rmsnorm_sweep._variant_name(other) != rmsnorm_sweep._variant_name(base), knob
