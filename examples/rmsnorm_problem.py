@@ -403,9 +403,16 @@ def _lean_regs(p: Mapping[str, Any]) -> bool:
     """STAGE 0 at 32 registers without spills: one vector per thread (MAX_VECS 1, the kernel's
     ``rmsnorm_lean`` path), no cluster, rsqrt.approx, any LOAD_HINT but 2 (nvcc 13.0, sm_90a,
     every THREADS, TPR and VEC_BYTES; ld.global.cg spills 8 bytes with 16-byte vectors and
-    TPR <= 32, and the precise 1/sqrtf 8-68 bytes in many forms)."""
-    return (int(p["STAGE"]) == 0 and int(p["MAX_VECS"]) == 1 and int(p["CLUSTER"]) == 1
-            and int(p["RSQRT_APPROX"]) == 1 and int(p["LOAD_HINT"]) != 2)
+    TPR <= 32, and the precise 1/sqrtf 8-68 bytes in many forms); with PREFETCH 1, 16-byte
+    vectors and TPR <= 32 only LOAD_HINT 4 or 5 (0, 1 and 3 spill 8-16 bytes at every THREADS;
+    TPR >= 64 and 4- or 8-byte vectors spill with none)."""
+    if not (int(p["STAGE"]) == 0 and int(p["MAX_VECS"]) == 1 and int(p["CLUSTER"]) == 1
+            and int(p["RSQRT_APPROX"]) == 1 and int(p["LOAD_HINT"]) != 2):
+        return False
+    # PREFETCH (weights and the next row's vector held too): with 16-byte vectors and TPR <= 32
+    # ptxas spills 8-16 bytes unless the load carries the two-read policy (LOAD_HINT 4 or 5)
+    return not (int(p["PREFETCH"]) == 1 and int(p["TPR"]) <= 32 and int(p["VEC_BYTES"]) == 16
+                and int(p["LOAD_HINT"]) in (0, 1, 3))
 
 
 def _c_occupancy(p: Mapping[str, Any]) -> bool:
@@ -432,7 +439,10 @@ def _a_pipeline(p: Mapping[str, Any]) -> bool:
 
 
 def _a_prefetch(p: Mapping[str, Any]) -> bool:
-    return int(p["STAGE"]) == 2 and int(p["MAX_VECS"]) == 1
+    """STAGE 2 with one load per batch, or the lean path (STAGE 0, one vector, no cluster)."""
+    if int(p["MAX_VECS"]) != 1:
+        return False
+    return int(p["STAGE"]) == 2 or (int(p["STAGE"]) == 0 and int(p["CLUSTER"]) == 1)
 
 
 def _a_row_tiles(p: Mapping[str, Any]) -> bool:
@@ -472,7 +482,8 @@ def forward_param_space() -> ParamSpace:
                        "outside STAGE 3, MAX_VECS * VEC_BYTES <= 32 (a larger register tile spills at 64); or "
                        "OCCUPANCY * THREADS == 2048 (32 registers) with MAX_VECS 1 and CLUSTER 1, and either "
                        "STAGE 2 with VEC_BYTES 16, TPR == THREADS, LOAD_HINT 0, 3, 4 or 5 and PREFETCH 0, or "
-                       "STAGE 0 with RSQRT_APPROX 1 and LOAD_HINT != 2 (the forms that do not spill there)",
+                       "STAGE 0 with RSQRT_APPROX 1, LOAD_HINT != 2 and, with PREFETCH 1, 16-byte vectors and "
+                       "TPR <= 32, LOAD_HINT 4 or 5 (the forms that do not spill there)",
                        _c_occupancy),
             Constraint("STAGE 3: MAX_VECS * VEC_BYTES <= 64 (the batch of loads it holds), or a register budget of "
                        "at least 128 (register_budget: OCCUPANCY or a persistent grid): at 64 registers 8 x 16 B "
@@ -488,7 +499,7 @@ def forward_param_space() -> ParamSpace:
             Condition("PIPE", _a_pipeline, 2, "PIPE only with STAGE 3"),
             Condition("WSMEM", _a_pipeline, 0, "WSMEM only with STAGE 3"),
             Condition("TILE_ROWS", _a_row_tiles, 8, "TILE_ROWS only with STAGE 3 or 4"),
-            Condition("PREFETCH", _a_prefetch, 0, "PREFETCH only with STAGE 2 and MAX_VECS 1"),
+            Condition("PREFETCH", _a_prefetch, 0, "PREFETCH only with MAX_VECS 1 and STAGE 2, or STAGE 0 and CLUSTER 1"),
         ),
     )
 
@@ -643,6 +654,15 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     *({"THREADS": t, "TPR": t, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
        "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
        "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 0} for t in (64, 128, 256, 512, 1024)),
+    # The lean path with PREFETCH 1 (the thread's weights loaded with its x vector, before the
+    # reduction, and kept; with a persistent grid the next row's vector too), one row per CTA, the
+    # L2 evict_first load: on the H100, bf16, the 128-thread form 0.970 of copy at 1K and the
+    # 256-thread form 0.987 at 2K, against 0.966 / 0.976 without PREFETCH and 0.959 / 0.985 for
+    # search run 30's champions of those cases in the same sweep
+    # (rmsnorm_sweep-2026-12-07-s31-h100-lean-next.md)
+    *({"THREADS": t, "TPR": t, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
+       "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
+       "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 1} for t in (128, 256)),
 )
 """Starting points, one or more per row-length regime (the engine searches from all of them).
 Each is the best variant, for the shapes its comment names, of a design-space sweep on the H200

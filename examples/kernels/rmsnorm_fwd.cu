@@ -53,8 +53,13 @@
 //   PREFETCH     STAGE 2 with MAX_VECS 1: 1 issues the load of a thread's next x vector in the
 //                second pass before normalising and storing the current one (two loads in flight
 //                per thread instead of one, four registers more; the stores otherwise keep each
-//                load waiting on the previous store); 0 one vector at a time. Other stages (and
-//                the STAGE 2 fallbacks of STAGE 3 and 4) ignore it.
+//                load waiting on the previous store); 0 one vector at a time. The lean path
+//                (STAGE 0, MAX_VECS 1, no cluster; rows that fit its thread groups): 1 loads the
+//                vector of the group's next row (one grid step on) before this row is reduced,
+//                and loads the thread's weights once, keeping them in registers across rows;
+//                with a persistent grid a thread then has two rows in flight and reads no
+//                weight per row. Other stages (and the STAGE 2 fallbacks of STAGE 3 and 4)
+//                ignore it.
 //
 // Rows whose x and y addresses are not VEC_BYTES-aligned (odd N, misaligned bases) are split
 // into a scalar head, an aligned vector body and a scalar tail. If x and y rows have different
@@ -713,6 +718,44 @@ __device__ __forceinline__ void rmsnorm_rows(const void* __restrict__ x, const f
 // (2048 threads per SM): as many rows in flight per SM as there are thread groups, each read once.
 // Longer rows are read twice (vectors, or elements when x, y or the rows are not aligned), with
 // as little kept as the lean path (the STAGE 2 path's head / body / tail split spills at 32).
+#if PREFETCH
+// The lean path's rows that fit the thread groups, pipelined across the rows a group strides over:
+// the vector of the group's next row (one grid step on) is loaded before this row is reduced, so
+// with a persistent grid each thread has two rows in flight; the thread's E weights are loaded
+// once and stay in registers. Every thread runs the same number of iterations (row_sum has a
+// barrier when TPR > 32), as in rmsnorm_lean.
+template <int DT>
+__device__ __forceinline__ void rmsnorm_lean_next(const char* __restrict__ x, const float* __restrict__ w,
+                                                  char* __restrict__ y, int M, unsigned row_bytes, unsigned nv,
+                                                  float inv_n, float eps, float* red, unsigned long long pol) {
+    constexpr int E = VEC_BYTES / ES<DT>::value;
+    const int r = threadIdx.x / TPR;
+    const unsigned t = threadIdx.x % TPR;
+    const bool mine = t < nv;
+    const unsigned step = gridDim.x * RPC;
+    const unsigned col = t * VEC_BYTES;
+    unsigned row = blockIdx.x * RPC + r;
+    Vec v = {};
+    if (mine && row < static_cast<unsigned>(M))
+        ld_vec(v, x + static_cast<unsigned long long>(row) * row_bytes + col, pol);
+    float g[E];
+    if (mine) load_w<E>(w + t * E, g);
+    int it = 0;
+    for (unsigned row0 = blockIdx.x * RPC; row0 < static_cast<unsigned>(M); row0 += step, ++it, row += step) {
+        const bool valid = mine && row < static_cast<unsigned>(M);
+        const unsigned next = row + step;
+        Vec nx = v;
+        if (mine && next < static_cast<unsigned>(M))
+            ld_vec(nx, x + static_cast<unsigned long long>(next) * row_bytes + col, pol);
+        float acc = valid ? sumsq<DT>(v) : 0.f;
+        acc = row_sum(acc, red, r, it);
+        const float rstd = rsqrt_of(fmaf(acc, inv_n, eps));
+        if (valid) norm_store_g<DT>(v, g, rstd, y + static_cast<unsigned long long>(row) * row_bytes + col);
+        v = nx;
+    }
+}
+#endif
+
 template <int DT>
 __device__ __forceinline__ void rmsnorm_lean(const void* __restrict__ x, const float* __restrict__ w,
                                              void* __restrict__ y, int M, int N, float eps, float* red) {
@@ -728,6 +771,13 @@ __device__ __forceinline__ void rmsnorm_lean(const void* __restrict__ x, const f
     const bool hold = vec && nv <= TPR;
     const float inv_n = __frcp_rn(static_cast<float>(N));
     const unsigned long long pol = load_policy();
+#if PREFETCH
+    if (hold) {
+        rmsnorm_lean_next<DT>(static_cast<const char*>(x), w, static_cast<char*>(y), M, row_bytes, nv, inv_n, eps,
+                              red, pol);
+        return;
+    }
+#endif
     const unsigned step = gridDim.x * RPC;
     int it = 0;
     for (unsigned row0 = blockIdx.x * RPC; row0 < static_cast<unsigned>(M); row0 += step, ++it) {

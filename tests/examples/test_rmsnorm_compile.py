@@ -80,6 +80,11 @@ def _corner_cases() -> list[dict]:
                                            (1024, 16, 16, 5, 1), (64, 4, 4, 0, 0), (512, 64, 8, 3, 2)):
         out.append(dict(base, THREADS=threads, TPR=tpr, MAX_VECS=1, VEC_BYTES=vec, STAGE=0, CLUSTER=1,
                         OCCUPANCY=2048 // threads, LOAD_HINT=hint, STORE_HINT=store, RSQRT_APPROX=1))
+    # the lean path with PREFETCH (the next row's vector in flight, weights kept): still 32 registers
+    for threads, tpr, vec, hint in ((1024, 1024, 16, 5), (256, 256, 16, 3), (128, 128, 16, 0), (256, 32, 16, 4),
+                                    (512, 64, 16, 1), (1024, 16, 16, 5), (256, 32, 8, 3), (64, 4, 4, 0)):
+        out.append(dict(base, THREADS=threads, TPR=tpr, MAX_VECS=1, VEC_BYTES=vec, STAGE=0, CLUSTER=1,
+                        OCCUPANCY=2048 // threads, LOAD_HINT=hint, STORE_HINT=1, RSQRT_APPROX=1, PREFETCH=1))
     # STAGE 2 with PREFETCH (a second vector of x in flight): 64 registers, with and without a cluster
     for threads, occ, cluster, hint in ((1024, 0, 1, 5), (512, 2, 4, 3), (256, 4, 1, 4), (128, 8, 1, 0)):
         out.append(dict(base, THREADS=threads, TPR=threads, MAX_VECS=1, VEC_BYTES=16, STAGE=2, CLUSTER=cluster,
@@ -108,7 +113,9 @@ def test_lean_reread_rule_is_needed(tmp_path: Path, change: dict) -> None:
     assert _spills(nvcc_compile("rmsnorm_fwd.cu", _defines(params), tmp_path)) > 0
 
 
-@pytest.mark.parametrize("change", [{"LOAD_HINT": 2}, {"RSQRT_APPROX": 0}], ids=["ld-cg", "precise-rsqrt"])
+@pytest.mark.parametrize("change", [{"LOAD_HINT": 2}, {"RSQRT_APPROX": 0}, {"PREFETCH": 1, "LOAD_HINT": 3},
+                                    {"PREFETCH": 1, "LOAD_HINT": 0}],
+                         ids=["ld-cg", "precise-rsqrt", "prefetch-evict-first", "prefetch-default"])
 def test_lean_regs_rule_is_needed(tmp_path: Path, change: dict) -> None:
     """What the 2048-thread STAGE 0 rule (one vector per thread) forbids does spill."""
     base = dict(make_forward_problem().seeds[0].params)
@@ -305,6 +312,12 @@ def test_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:
             moved["PREFETCH"] = 1
         assert space.is_valid(moved) and space.canonical(moved) == base
         pairs.append((base, moved))
+    # STAGE 0 with one vector but a cluster is not the lean path: PREFETCH is dead there
+    base = dict(next(p for p in seeds if p["STAGE"] == 0), MAX_VECS=1, CLUSTER=2, OCCUPANCY=0)
+    base["TPR"] = base["THREADS"]
+    moved = dict(base, PREFETCH=1)
+    assert space.is_valid(moved) and space.canonical(moved) == base
+    pairs.append((base, moved))
     # PREFETCH needs one vector per batch: with two it is dead
     base = dict(next(p for p in seeds if p["STAGE"] == 2 and p["OCCUPANCY"] == 0), MAX_VECS=2)
     moved = dict(base, PREFETCH=1)
@@ -316,3 +329,15 @@ def test_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path) -> None:
                 assert fwd_launch(a, Case(shape, dtype), dev) == fwd_launch(b, Case(shape, dtype), dev)
         cubins = _cubins("rmsnorm_fwd.cu", (a, b), tmp_path / f"fwd-{i}")
         assert cubins[0] == cubins[1], f"STAGE {a['STAGE']}: the inactive knobs changed the cubin"
+
+
+def test_lean_prefetch_is_live(tmp_path: Path) -> None:
+    """PREFETCH on the lean path (STAGE 0, one vector, no cluster) is a real choice: it is kept by
+    the space's canonical form and gives another cubin."""
+    space = forward_param_space()
+    base = dict(make_forward_problem().seeds[0].params, THREADS=256, TPR=256, MAX_VECS=1, VEC_BYTES=16, STAGE=0,
+                CLUSTER=1, OCCUPANCY=8, LOAD_HINT=3, STORE_HINT=1, RSQRT_APPROX=1, PREFETCH=0)
+    moved = dict(base, PREFETCH=1)
+    assert space.is_valid(moved) and space.canonical(moved) == moved
+    cubins = _cubins("rmsnorm_fwd.cu", (base, moved), tmp_path)
+    assert cubins[0] != cubins[1]

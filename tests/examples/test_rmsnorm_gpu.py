@@ -290,6 +290,30 @@ def test_forward_lean_one_vector(cuda_device, offsets: dict[str, int] | None) ->
         _check(prob, g, SMALL[:4] + LEAN_SHAPES, offsets=offsets)
 
 
+@pytest.mark.parametrize("offsets", [None, {"x": 1, "y": 1}], ids=["aligned", "x-y-off"])
+def test_forward_lean_prefetch(cuda_device, offsets: dict[str, int] | None) -> None:
+    """PREFETCH 1 on the lean path (the next row's vector loaded before this row is reduced, the
+    weights kept in registers): persistent grids that walk several steps of rows (the last step
+    partly empty, groups of a CTA past the last row), one and several rows per CTA, and a grid of one
+    row per CTA; rows longer than the groups and views off the grid take the two-pass path."""
+    prob = make_forward_problem()
+    base = dict(prob.seeds[0].params, STAGE=0, MAX_VECS=1, CLUSTER=1, VEC_BYTES=16, RSQRT_APPROX=1, PREFETCH=1,
+                STORE_HINT=1)
+    params = [dict(base, THREADS=256, TPR=256, OCCUPANCY=8, PERSISTENT=1, LOAD_HINT=3),
+              dict(base, THREADS=256, TPR=32, OCCUPANCY=8, PERSISTENT=1, LOAD_HINT=4),
+              dict(base, THREADS=256, TPR=32, OCCUPANCY=0, PERSISTENT=1, LOAD_HINT=1),
+              dict(base, THREADS=1024, TPR=1024, OCCUPANCY=2, PERSISTENT=2, LOAD_HINT=5),
+              dict(base, THREADS=128, TPR=128, OCCUPANCY=16, PERSISTENT=0, LOAD_HINT=0),
+              dict(base, THREADS=64, TPR=4, VEC_BYTES=4, OCCUPANCY=32, PERSISTENT=4, LOAD_HINT=4)]
+    for p in params:
+        assert prob.params.is_valid(p), p
+    genomes = [prob.seeds[0].with_params(**p) for p in params]
+    _compile(prob, genomes)
+    steps = [{"M": 3001, "N": 256}, {"M": 700, "N": 2048}, {"M": 1999, "N": 1024}, {"M": 5000, "N": 64}]
+    for g in genomes:
+        _check(prob, g, SMALL[:4] + LEAN_SHAPES + steps, offsets=offsets)
+
+
 @pytest.mark.parametrize("hint", [4, 5])
 def test_forward_two_pass_policy(cuda_device, hint: int) -> None:
     """LOAD_HINT 4 (first read evict_last, second evict_first) and 5 (the same in L1 too) on the
