@@ -146,7 +146,9 @@ class EngineConfig:
             run's evaluator reports (same name), else ``"all"`` (also while that GPU is not known). On the same GPU, the seeds that lost there lose here too
             (the winners come back as elites or champions); on another GPU they are re-timed:
             of an H100 archive's genomes re-timed on an H200, 13 of the 16 per-case winners
-            were seeds.
+            were seeds. A seed counts as evaluated also when the warm-start archive's own run
+            left it out this way (its saved state; same GPU and problem), so a chain of warm
+            starts on one GPU does not re-time it every other run.
         failed_parents: Recent failed records kept as parents for repair operators.
         max_attempts: Operator calls per requested candidate before ``ask`` gives up.
         max_executor_errors: Consecutive executor exceptions (harness faults, not
@@ -1205,6 +1207,7 @@ class Engine:
             header = getattr(src, "header", {}) or {}
             self._warm_device = (header.get("device") or {}).get("name")
             self._warm_fingerprint = header.get("problem_fingerprint")
+            self._warm_known |= self._inherited_known_seeds(src, self._warm_device, self._warm_fingerprint)
             copied = 0
             for lesson in src.lessons.all():
                 self.archive.lessons.append(lesson.replace(seq=-1))
@@ -1215,6 +1218,27 @@ class Engine:
         finally:
             if src is not source:
                 src.close()
+
+    def _inherited_known_seeds(self, src: Any, device: str | None, fingerprint: str | None) -> set[str]:
+        """The problem's seeds that ``src`` itself left out because its own warm-start archive had
+        evaluated them OK on the same GPU for the same problem (its saved state says so).
+
+        They count as known too: otherwise a chain of warm starts on one GPU (run 29 -> 30 -> 31)
+        re-evaluates them every other run, since an archive holds only the seeds it timed.
+        """
+        load = getattr(src, "load_state", None)
+        if load is None or device is None or fingerprint is None:
+            return set()
+        try:
+            prior = load() or {}
+        except Exception as exc:  # a damaged state loses only this shortcut, never the warm start
+            log.warning("warm start: the source archive's saved engine state is unreadable (%s); its seeds "
+                        "left out earlier are evaluated", exc)
+            return set()
+        if prior.get("warm_device") != device or prior.get("warm_fingerprint") != fingerprint:
+            return set()
+        seeds = {self._canonical(g).id for g in self.problem.seeds}
+        return {str(i) for i in prior.get("warm_skipped") or []} & seeds
 
     def _state(self) -> dict[str, Any]:
         return {

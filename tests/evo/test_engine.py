@@ -545,6 +545,58 @@ def test_warm_start_seeds_the_source_evaluated_on_this_gpu_are_not_timed_again(
     assert stats["warm_start_seeds_skipped"] == (1 if skipped else 0)
 
 
+@pytest.mark.parametrize("gpu,skipped", [("GPU A", True), ("GPU B", False)])
+def test_warm_start_chain_keeps_seeds_left_out_earlier(tmp_path: Path, gpu: str, skipped: bool) -> None:
+    """A warm start from an archive that itself left a seed out ("auto", same GPU and problem)
+    counts that seed as known too: a chain src -> run 1 -> run 2 on GPU A times it in neither run
+    (without the inheritance run 2 would time it again: run 1's archive holds no record of it).
+    Run 2 on another GPU times every seed."""
+    ok_seed, failed_seed, new_seed, _ = _seeds_source(tmp_path, "GPU A")
+    problem = make_problem(seeds=(ok_seed, failed_seed, new_seed))
+    cfg = EngineConfig(islands=1, in_flight=1, warm_start_elites=3, warm_start_champions=False)
+    with Engine(problem, str(tmp_path / "run1"), evaluator=_OnGpu("GPU A"), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        eng.run(Budget(evaluations=5), progress=False)
+        assert eng.stats()["warm_start_seeds_skipped"] == 1
+        assert ok_seed.id not in eng.archive
+    with Engine(problem, str(tmp_path / "run2"), evaluator=_OnGpu(gpu), config=cfg,
+                warm_start=str(tmp_path / "run1")) as eng:
+        eng.run(Budget(evaluations=8), progress=False)
+        seeds = {r.genome.id for r in eng.archive.records() if r.operator == "seed"}
+        assert eng.stats()["warm_start_seeds_skipped"] == (3 if skipped else 0)
+    # run 1 timed the other two seeds itself (OK there), so on GPU A run 2 knows all three
+    assert seeds == (set() if skipped else {ok_seed.id, failed_seed.id, new_seed.id})
+
+
+def test_warm_start_from_an_archive_with_an_unreadable_state_times_the_seeds(tmp_path: Path, monkeypatch,
+                                                                             caplog) -> None:
+    """A source whose saved engine state cannot be read still warm-starts: only the seeds it left
+    out earlier lose their shortcut (they are evaluated), with a warning."""
+    from archive import ArchiveError
+
+    ok_seed, failed_seed, new_seed, _ = _seeds_source(tmp_path, "GPU A")
+    problem = make_problem(seeds=(ok_seed, failed_seed, new_seed))
+    cfg = EngineConfig(islands=1, in_flight=1, warm_start_elites=3, warm_start_champions=False)
+    with Engine(problem, str(tmp_path / "run1"), evaluator=_OnGpu("GPU A"), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        eng.run(Budget(evaluations=5), progress=False)
+
+    load = Archive.load_state
+
+    def damaged(self: Archive) -> dict[str, Any] | None:
+        if self.path is not None and self.path.name == "run1":  # the source only, not run 2's own state
+            raise ArchiveError("the saved engine state is damaged")
+        return load(self)
+
+    monkeypatch.setattr(Archive, "load_state", damaged, raising=True)
+    with Engine(problem, str(tmp_path / "run2"), evaluator=_OnGpu("GPU A"), config=cfg,
+                warm_start=str(tmp_path / "run1")) as eng:
+        eng.run(Budget(evaluations=8), progress=False)
+        seeds = {r.genome.id for r in eng.archive.records() if r.operator == "seed"}
+    assert seeds == {ok_seed.id}
+    assert "saved engine state is unreadable" in caplog.text
+
+
 @pytest.mark.parametrize("what", ["source without a GPU", "another problem"])
 def test_warm_start_seeds_auto_times_them_unless_gpu_and_problem_match(tmp_path: Path, what: str) -> None:
     """"auto" evaluates every seed when the warm-start archive recorded no GPU, or was filled
