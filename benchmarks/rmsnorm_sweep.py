@@ -25,6 +25,7 @@ by geometric-mean fraction of copy, one column per timed shape, and the best per
 from __future__ import annotations
 
 import argparse
+import datetime
 import itertools
 import json
 import math
@@ -260,10 +261,29 @@ def render_comparison(new: list[dict[str, Any]], old: list[dict[str, Any]]) -> s
     return "\n".join(lines) + f"\n\n{len(ratios)} variants in both sweeps; ratio = old time / new time.\n"
 
 
+def sweep_header(device: Any, dtypes: Sequence[str], source: str, variants: int, collected: int,
+                 when: datetime.datetime | None = None) -> str:
+    """The lines above a sweep's table: when, on which GPU (and its measured copy bandwidth, the
+    ceiling the fractions are of), which dtypes and kernel source, and how many variants came back.
+
+    ``device`` is the Evaluator's :class:`evo.types.DeviceInfo` (None when no variant reached the GPU).
+    """
+    when = when or datetime.datetime.now(datetime.timezone.utc)
+    if device is None:
+        machine = "no variant reached the GPU (device unknown)"
+    else:
+        machine = f"{device.name}, {device.sm_count} SMs, copy {device.copy_gbps / 1e3:.3f} TB/s (measured by the worker)"
+    return (f"# RMSNorm forward sweep ({when:%Y-%m-%d %H:%M} UTC)\n\n"
+            f"Machine: {machine}. Dtypes: {', '.join(dtypes)}. Kernel: {source}. "
+            f"{collected} of {variants} variants collected. Cells: fraction of the copy bandwidth, from the "
+            "Timing stage; regs: registers per thread (spill bytes when ptxas spilled).\n\n")
+
+
 def render_markdown(rows: list[dict[str, Any]], keys: list[str] | None = None) -> str:
     """The sweep table: variants by geometric-mean fraction of copy, one column per case, best per case.
 
-    ``keys`` (case keys, in column order) default to those of the first successful row.
+    ``keys`` (case keys, in column order) default to those of the first successful row. A
+    variant that spilled shows its spill bytes beside its registers.
     """
     if keys is None:
         keys = next((list(r["cases"]) for r in rows if r["cases"]), [])
@@ -275,7 +295,8 @@ def render_markdown(rows: list[dict[str, Any]], keys: list[str] | None = None) -
     for r in ok:
         fr = [r["cases"].get(k, {}).get("fraction") for k in keys]
         name = _variant_name(r["params"])
-        lines.append(f"| {name} | {r['registers']} | {_geomean([f or 0 for f in fr]):.3f} | "
+        regs = f"{r['registers']} ({r['spill']} B spill)" if r.get("spill") else f"{r['registers']}"
+        lines.append(f"| {name} | {regs} | {_geomean([f or 0 for f in fr]):.3f} | "
                      + " | ".join("-" if f is None else f"{f:.3f}" for f in fr) + " |")
     best = [max((r["cases"].get(k, {}).get("fraction") or 0 for r in ok), default=0) for k in keys]
     lines.append("| **best per shape** | | | " + " | ".join(f"**{b:.3f}**" for b in best) + " |")
@@ -358,8 +379,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"fit={r.fitness if r.fitness is None else round(r.fitness, 4)} {p}", flush=True)
         for _, fut in futures:
             fut.cancel()
+        device = ev.device_info
     keys = [c.key for c in problem.timed_cases()]
-    text = render_markdown(rows, keys)
+    text = sweep_header(device, args.dtypes.split(","), str(args.source or "examples/kernels/rmsnorm_fwd.cu"),
+                        len(variants), len(rows)) + render_markdown(rows, keys)
     (args.out / "sweep.md").write_text(text)
     print(text, end="")
     return 0

@@ -113,3 +113,24 @@ def test_variant_names_tell_every_knob_apart() -> None:
     for knob in space.params:
         other = dict(base, **{knob: int(base[knob]) + 1})
         assert rmsnorm_sweep._variant_name(other) != rmsnorm_sweep._variant_name(base), knob
+
+
+def test_sweep_table_names_machine_and_marks_spills() -> None:
+    """The written table says when, on which GPU (copy ceiling), dtypes, kernel and how many
+    variants came back; a variant that spilled shows its spill bytes."""
+    import datetime
+
+    from evo.types import DeviceInfo
+
+    dev = DeviceInfo("NVIDIA H100 80GB HBM3", "9.0", sm_count=132, copy_gbps=3025.0)
+    when = datetime.datetime(2026, 12, 7, 16, 35, tzinfo=datetime.timezone.utc)
+    head = rmsnorm_sweep.sweep_header(dev, ["bfloat16", "float16"], "examples/kernels/rmsnorm_fwd.cu", 66, 64, when)
+    assert "2026-12-07 16:35 UTC" in head and "NVIDIA H100 80GB HBM3, 132 SMs, copy 3.025 TB/s" in head
+    assert "bfloat16, float16" in head and "64 of 66 variants collected" in head
+    assert "device unknown" in rmsnorm_sweep.sweep_header(None, ["float32"], "old.cu", 3, 0, when)
+    base = dict(make_forward_problem().seeds[0].params)
+    case = {"M=32768,N=2048:bfloat16": {"fraction": 0.98, "time_ms": 0.09}}
+    rows = [{"params": base, "status": "ok", "registers": 32, "spill": 16, "cases": case},
+            {"params": dict(base, PREFETCH=1), "status": "ok", "registers": 32, "spill": 0, "cases": case}]
+    table = rmsnorm_sweep.render_markdown(rows)
+    assert table.count("32 (16 B spill)") == 1 and "| 32 |" in table
