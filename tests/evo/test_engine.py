@@ -545,12 +545,10 @@ def test_warm_start_seeds_the_source_evaluated_on_this_gpu_are_not_timed_again(
     assert stats["warm_start_seeds_skipped"] == (1 if skipped else 0)
 
 
-@pytest.mark.parametrize("gpu,skipped", [("GPU A", True), ("GPU B", False)])
-def test_warm_start_chain_keeps_seeds_left_out_earlier(tmp_path: Path, gpu: str, skipped: bool) -> None:
-    """A warm start from an archive that itself left a seed out ("auto", same GPU and problem)
-    counts that seed as known too: a chain src -> run 1 -> run 2 on GPU A times it in neither run
-    (without the inheritance run 2 would time it again: run 1's archive holds no record of it).
-    Run 2 on another GPU times every seed."""
+def _chain_run1(tmp_path: Path) -> tuple[tuple[Genome, Genome, Genome], Any, EngineConfig]:
+    """Run 1 of a warm-start chain on GPU A (from :func:`_seeds_source`'s archive): it leaves out
+    the seed that archive evaluated OK and times the other two. Returns the three seeds (OK in the
+    source, failed there, new), the problem and the config."""
     ok_seed, failed_seed, new_seed, _ = _seeds_source(tmp_path, "GPU A")
     problem = make_problem(seeds=(ok_seed, failed_seed, new_seed))
     cfg = EngineConfig(islands=1, in_flight=1, warm_start_elites=3, warm_start_champions=False)
@@ -559,6 +557,16 @@ def test_warm_start_chain_keeps_seeds_left_out_earlier(tmp_path: Path, gpu: str,
         eng.run(Budget(evaluations=5), progress=False)
         assert eng.stats()["warm_start_seeds_skipped"] == 1
         assert ok_seed.id not in eng.archive
+    return (ok_seed, failed_seed, new_seed), problem, cfg
+
+
+@pytest.mark.parametrize("gpu,skipped", [("GPU A", True), ("GPU B", False)])
+def test_warm_start_chain_keeps_seeds_left_out_earlier(tmp_path: Path, gpu: str, skipped: bool) -> None:
+    """A warm start from an archive that itself left a seed out ("auto", same GPU and problem)
+    counts that seed as known too: a chain src -> run 1 -> run 2 on GPU A times it in neither run
+    (without the inheritance run 2 would time it again: run 1's archive holds no record of it).
+    Run 2 on another GPU times every seed."""
+    (ok_seed, failed_seed, new_seed), problem, cfg = _chain_run1(tmp_path)
     with Engine(problem, str(tmp_path / "run2"), evaluator=_OnGpu(gpu), config=cfg,
                 warm_start=str(tmp_path / "run1")) as eng:
         eng.run(Budget(evaluations=8), progress=False)
@@ -574,13 +582,7 @@ def test_warm_start_from_an_archive_with_an_unreadable_state_times_the_seeds(tmp
     out earlier lose their shortcut (they are evaluated), with a warning."""
     from archive import ArchiveError
 
-    ok_seed, failed_seed, new_seed, _ = _seeds_source(tmp_path, "GPU A")
-    problem = make_problem(seeds=(ok_seed, failed_seed, new_seed))
-    cfg = EngineConfig(islands=1, in_flight=1, warm_start_elites=3, warm_start_champions=False)
-    with Engine(problem, str(tmp_path / "run1"), evaluator=_OnGpu("GPU A"), config=cfg,
-                warm_start=str(tmp_path / "src")) as eng:
-        eng.run(Budget(evaluations=5), progress=False)
-
+    (ok_seed, _, _), problem, cfg = _chain_run1(tmp_path)
     load = Archive.load_state
 
     def damaged(self: Archive) -> dict[str, Any] | None:
