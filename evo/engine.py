@@ -1200,14 +1200,15 @@ class Engine:
                               "meta": {"warm_start": origin}})
             self._seed_queue.extendleft(reversed(items))  # ahead of the problem's seeds, in order
             queued = len(items)
-            for g in self.problem.seeds:
-                rec = src.get(self._canonical(g).id)
+            seed_ids = {self._canonical(g).id for g in self.problem.seeds}
+            for sid in seed_ids:
+                rec = src.get(sid)
                 if rec is not None and rec.evaluation is not None and rec.evaluation.ok:
                     self._warm_known.add(rec.genome.id)
             header = getattr(src, "header", {}) or {}
             self._warm_device = (header.get("device") or {}).get("name")
             self._warm_fingerprint = header.get("problem_fingerprint")
-            self._warm_known |= self._inherited_known_seeds(src, self._warm_device, self._warm_fingerprint)
+            self._warm_known |= self._inherited_known_seeds(src, seed_ids)
             copied = 0
             for lesson in src.lessons.all():
                 self.archive.lessons.append(lesson.replace(seq=-1))
@@ -1219,15 +1220,16 @@ class Engine:
             if src is not source:
                 src.close()
 
-    def _inherited_known_seeds(self, src: Any, device: str | None, fingerprint: str | None) -> set[str]:
-        """The problem's seeds that ``src`` itself left out because its own warm-start archive had
-        evaluated them OK on the same GPU for the same problem (its saved state says so).
+    def _inherited_known_seeds(self, src: Any, seed_ids: set[str]) -> set[str]:
+        """Those of the problem's seeds (``seed_ids``, canonical) that ``src`` itself left out because
+        its own warm-start archive had evaluated them OK on the GPU and for the problem ``src`` was
+        filled on (``_warm_device``, ``_warm_fingerprint``; its saved state says so).
 
         They count as known too: otherwise a chain of warm starts on one GPU (run 29 -> 30 -> 31)
         re-evaluates them every other run, since an archive holds only the seeds it timed.
         """
         load = getattr(src, "load_state", None)
-        if load is None or device is None or fingerprint is None:
+        if load is None or self._warm_device is None or self._warm_fingerprint is None:
             return set()
         try:
             prior = load() or {}
@@ -1235,10 +1237,9 @@ class Engine:
             log.warning("warm start: the source archive's saved engine state is unreadable (%s); its seeds "
                         "left out earlier are evaluated", exc)
             return set()
-        if prior.get("warm_device") != device or prior.get("warm_fingerprint") != fingerprint:
+        if prior.get("warm_device") != self._warm_device or prior.get("warm_fingerprint") != self._warm_fingerprint:
             return set()
-        seeds = {self._canonical(g).id for g in self.problem.seeds}
-        return {str(i) for i in prior.get("warm_skipped") or []} & seeds
+        return {str(i) for i in prior.get("warm_skipped") or []} & seed_ids
 
     def _state(self) -> dict[str, Any]:
         return {
