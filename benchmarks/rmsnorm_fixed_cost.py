@@ -78,7 +78,7 @@ _PUBLISH = ("    if (use_smem) {\n        __syncthreads();\n        for (int j =
             "mine[j] = sdw[j];")
 # backward variant -> (code it looks for, what replaces it, how the error names that code)
 _EDITS = {
-    "no-reduce": ("    if (t < G - K) return;\n", "    return;\n", "the reducers' 'if (t < G - K) return;'"),
+    "no-reduce": ("    if (t < Gn - K) return;\n", "    return;\n", "the reducers' 'if (t < Gn - K) return;'"),
     "no-sum": ("    for (int j0 = lo; j0 < hi; j0 += L) {\n", "    for (int j0 = hi; j0 < hi; j0 += L) {\n",
                "the reducers' column loop 'for (int j0 = lo; j0 < hi; j0 += L)'"),
     "no-dw": (_PUBLISH, "    return;\n" + _PUBLISH, "the publication of the partial row ('mine[j] = sdw[j]')"),

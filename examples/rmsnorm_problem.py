@@ -734,8 +734,9 @@ def make_forward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtype
 # --------------------------------------------------------------------------- backward
 
 
-BWD_WS_HEADER = 32
-"""Words of the backward workspace before the partial rows (word 0 is the ticket counter)."""
+BWD_WS_HEADER = 256
+"""Words of the backward workspace before the partial rows (word 0 the ticket counter, words 1..
+the tickets of the ``TREE`` groups; the kernel agrees)."""
 
 BWD_PARTS_MAX = 528
 """Most CTAs of the persistent backward (ALGO 1): rows of dw partials in the workspace (4 per SM on 132 SMs)."""
@@ -844,7 +845,7 @@ def backward_param_space() -> ParamSpace:
         params={"ALGO": Choice([0, 1]), "THREADS": Choice([128, 256, 512, 1024]), "UNROLL": Choice([1, 2, 4, 8]),
                 "LOAD_HINT": Choice([0, 1, 2]), "MAX_CHUNKS": Choice([1, 2, 4, 8]),
                 "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64]),
-                "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1, 2, 4])},
+                "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1, 2, 4]), "TREE": Choice([0, 4, 8, 16])},
         constraints=(
             Constraint("ALGO 1 at 1024 threads: MAX_CHUNKS <= 2 (64 registers per thread; more chunks spill)",
                        _c_bwd_registers),
@@ -864,13 +865,14 @@ def backward_param_space() -> ParamSpace:
             Condition("REDUCERS", _b_persistent, 32, "REDUCERS only with ALGO 1"),
             Condition("PREFETCH", _b_persistent, 0, "PREFETCH only with ALGO 1"),
             Condition("ROW_WARP", _b_persistent, 0, "ROW_WARP only with ALGO 1"),
+            Condition("TREE", _b_persistent, 0, "TREE only with ALGO 1"),
         ),
     )
 
 
 BWD_SEED_PARAMS: dict[str, int] = {"ALGO": 0, "THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0, "MAX_CHUNKS": 4,
                                    "CTAS_PER_SM": 2, "SMEM_DW": 1, "REDUCERS": 32, "PREFETCH": 0,
-                                   "ROW_WARP": 0}
+                                   "ROW_WARP": 0, "TREE": 0}
 """The first backward seed: column and row CTAs (ALGO 0)."""
 
 BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
@@ -886,6 +888,8 @@ BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
     # four warps per row (a named barrier per row group, not the CTA's): N = 4K (16-bit) with 4 chunks
     {"THREADS": 256, "MAX_CHUNKS": 4, "CTAS_PER_SM": 2, "ROW_WARP": 4, "REDUCERS": 64},
     {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "ROW_WARP": 4, "PREFETCH": 1, "REDUCERS": 64},
+    # 1K (16-bit): two warps per row, the partials summed in groups of 8 CTAs while others still stream
+    {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "ROW_WARP": 2, "TREE": 8},
 )
 """Persistent (ALGO 1) seeds: x and dy read once, per-CTA dw partials reduced by the last CTAs."""
 

@@ -26,6 +26,13 @@
 //     them, and the last of them resets the ticket. At most K CTAs ever wait,
 //     at most half the SMs (G <= CTAS_PER_SM per SM) while at least one CTA fits on each, so the
 //     CTAs they wait for always get an SM, on any GPU.
+//   * TREE (S > 0): the partial rows are first summed in groups of S consecutive CTAs: each CTA takes
+//     a ticket of its group (header word 1 + group), and the group's last CTA sums the group's S
+//     partials in CTA order into the group's first partial row, clears the others and resets the
+//     group's ticket; only these Gn = ceil(G / S) group sums then go through the last-tickets reduction
+//     above (K = min(REDUCERS, Gn, max(1, G / (2 * CTAS_PER_SM))); in group order: still bitwise
+//     reproducible). No CTA waits in the group step. The groups are summed while other CTAs
+//     still stream their rows, so the reduction after the last CTA reads S times fewer partials.
 //   N not a multiple of the 16-byte chunk, or unaligned pointers: the same with element accesses.
 //
 // Knobs: ALGO, THREADS (128..1024), UNROLL (ALGO 0: independent loads in flight per thread), LOAD_HINT
@@ -33,7 +40,7 @@
 // PREFETCH (ALGO 1, rows held in registers: load the CTA's (or warp's) next row before reducing this
 // one, so short rows keep two rows of loads in flight per thread), ROW_WARP (ALGO 1: 0 a CTA per row;
 // 1, 2 or 4: that many warps per row when N / E <= MAX_CHUNKS * 32 * ROW_WARP, dw accumulated in
-// registers; see rows_warp).
+// registers; see rows_warp), TREE (ALGO 1: 0, or S: partials summed in groups of S CTAs first).
 #include <cuda_fp16.h>
 
 #ifndef THREADS
@@ -69,6 +76,15 @@
 #ifndef ROW_WARP
 #define ROW_WARP 0
 #endif
+#ifndef TREE
+#define TREE 0
+#endif
+#if TREE < 0 || TREE > 32
+#error "TREE must be 0 (flat) or a group size of at most 32 CTAs"
+#endif
+#if TREE > 0 && (528 + TREE - 1) / TREE > 255
+#error "TREE groups need ceil(528 / TREE) ticket words after word 0 of the 256-word header: TREE >= 3"
+#endif
 #if ROW_WARP != 0 && ROW_WARP != 1 && ROW_WARP != 2 && ROW_WARP != 4
 #error "ROW_WARP must be 0, 1, 2 or 4"
 #endif
@@ -76,7 +92,8 @@
 #error "ROW_WARP > 1 needs THREADS a multiple of 32 * ROW_WARP, at most 8 row groups (named barriers 1..8)"
 #endif
 #define WARPS (THREADS / 32)
-#define WS_HEADER 32      // words of ws before the partial rows (the ticket counter is word 0)
+#define WS_HEADER 256     // words of ws before the partial rows: word 0 the ticket counter, words 1.. the
+                          // TREE groups' tickets (ceil(G / TREE) <= WS_HEADER - 1 for G <= 528, TREE >= 4)
 #define SMEM_DW_COLS 40960 // dw accumulators in shared memory up to this N (examples/rmsnorm_problem.py agrees)
 
 template <typename T>
@@ -523,20 +540,52 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     __threadfence();
     __syncthreads();
     __shared__ unsigned s_ticket;
+    const unsigned G = gridDim.x;
+    // The reducers sum Gn partial rows, row p * S of parts for p < Gn: every CTA's (S = 1), or with
+    // TREE the group sums, each in its group's first row.
+    constexpr unsigned S = TREE > 0 ? TREE : 1;
+    const unsigned Gn = (G + S - 1) / S;
+    const long long pstride = static_cast<long long>(S) * N;
+#if TREE > 0
+    {
+        const unsigned g = blockIdx.x / S, first = g * S, size = min(S, G - first);
+        if (threadIdx.x == 0) s_ticket = atomicAdd(ticket + 1 + g, 1u);
+        __syncthreads();
+        if (s_ticket != size - 1) return;  // not the group's last: its partial row is published
+        __threadfence();                  // the group's rows, each fenced before its CTA's ticket
+        float* row0 = parts + static_cast<long long>(first) * N;
+        for (int j = threadIdx.x; j < N; j += THREADS) {
+            float v[S];
+#pragma unroll
+            for (unsigned u = 0; u < S; ++u) v[u] = u < size ? __ldcg(row0 + static_cast<long long>(u) * N + j) : 0.f;
+            float s = v[0];
+#pragma unroll
+            for (unsigned u = 1; u < S; ++u) {
+                if (u < size) {
+                    s += v[u];
+                    row0[static_cast<long long>(u) * N + j] = 0.f;
+                }
+            }
+            row0[j] = s;
+        }
+        if (threadIdx.x == 0) ticket[1 + g] = 0u;  // every CTA of the group has taken its ticket
+        __threadfence();
+        __syncthreads();
+    }
+#endif
     if (threadIdx.x == 0) s_ticket = atomicAdd(ticket, 1u);
     __syncthreads();
-    const unsigned G = gridDim.x;
     // K waiting CTAs must leave an SM slot free for the ones they wait for: G is at most
     // CTAS_PER_SM per SM, so G / (2 * CTAS_PER_SM) is at most half the SMs (one CTA fits per SM).
     const unsigned cap = G / (2u * CTAS_PER_SM) > 0 ? G / (2u * CTAS_PER_SM) : 1u;
-    const unsigned K = min(min(G, static_cast<unsigned>(REDUCERS)), cap);
+    const unsigned K = min(min(Gn, static_cast<unsigned>(REDUCERS)), cap);
     const unsigned t = s_ticket;
-    if (t < G - K) return;
+    if (t < Gn - K) return;
     if (threadIdx.x == 0) {
-        while (ld_acquire(ticket) < G) __nanosleep(64);
+        while (ld_acquire(ticket) < Gn) __nanosleep(64);
     }
     __syncthreads();
-    const unsigned slice = t - (G - K);
+    const unsigned slice = t - (Gn - K);
     const int lo = static_cast<int>(static_cast<long long>(N) * slice / K);
     const int hi = static_cast<int>(static_cast<long long>(N) * (slice + 1) / K);
     // L column lanes (a power of two >= 8 covering the slice, at most THREADS) and PG = THREADS / L
@@ -554,19 +603,19 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
         float s = 0.f;
         if (grp < PG && j < hi) {
             unsigned p = grp;
-            for (; p + 7u * PG < G; p += 8u * PG) {
+            for (; p + 7u * PG < Gn; p += 8u * PG) {
                 float v[8];
 #pragma unroll
-                for (int u = 0; u < 8; ++u) v[u] = __ldcg(parts + static_cast<long long>(p + u * PG) * N + j);
+                for (int u = 0; u < 8; ++u) v[u] = __ldcg(parts + (p + u * PG) * pstride + j);
 #pragma unroll
                 for (int u = 0; u < 8; ++u) {
                     s += v[u];
-                    parts[static_cast<long long>(p + u * PG) * N + j] = 0.f;
+                    parts[(p + u * PG) * pstride + j] = 0.f;
                 }
             }
-            for (; p < G; p += PG) {
-                s += __ldcg(parts + static_cast<long long>(p) * N + j);
-                parts[static_cast<long long>(p) * N + j] = 0.f;
+            for (; p < Gn; p += PG) {
+                s += __ldcg(parts + p * pstride + j);
+                parts[p * pstride + j] = 0.f;
             }
         }
         if (PG == 1) {  // uniform over the CTA
@@ -583,7 +632,7 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (atomicAdd(ticket, 1u) == G + K - 1) atomicExch(ticket, 0u);  // every reducer is past its wait
+        if (atomicAdd(ticket, 1u) == Gn + K - 1) atomicExch(ticket, 0u);  // every reducer is past its wait
     }
 }
 

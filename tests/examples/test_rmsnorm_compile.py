@@ -243,7 +243,11 @@ def _bwd(**kw: int) -> dict:
                                     _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, ROW_WARP=1),
                                     _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, ROW_WARP=4),
                                     _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=4, ROW_WARP=2),
-                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, ROW_WARP=4)])
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, ROW_WARP=4),
+                                    # TREE's group sums (16 partials per thread in flight) at those edges
+                                    _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, LOAD_HINT=1, TREE=16),
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, ROW_WARP=4, TREE=16),
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=2, PREFETCH=1, TREE=4)])
 def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert make_backward_problem().params.is_valid(params)
     log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)

@@ -487,6 +487,34 @@ def test_backward_row_warp_sampled(cuda_device) -> None:
         _check(prob, g, shapes)
 
 
+@pytest.mark.parametrize("tree", [4, 8, 16])
+def test_backward_tree(cuda_device, tree: int) -> None:
+    """TREE (the partials summed in groups of CTAs first): grids that split into whole groups and not
+    (M below the grid, a last group of 1), rows in registers, by warps and past the shared-memory
+    limit, odd N; the group tickets must come back zero (the workspace check), and dw must be
+    bitwise the same in two launches of one input set."""
+    import cupy as cp
+
+    prob = make_backward_problem()
+    base = dict(prob.seeds[0].params, ALGO=1, TREE=tree)
+    params = (dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, ROW_WARP=2),
+              dict(base, THREADS=128, MAX_CHUNKS=1, CTAS_PER_SM=4, PREFETCH=1, REDUCERS=64),
+              dict(base, THREADS=512, MAX_CHUNKS=8, CTAS_PER_SM=1, SMEM_DW=0, REDUCERS=8))
+    genomes = [prob.seeds[0].with_params(**p) for p in params]
+    for g in genomes:
+        assert prob.params.is_valid(dict(g.params)), g.params
+    _compile(prob, genomes)
+    shapes = [{"M": 1, "N": 1024}, {"M": tree + 1, "N": 1024}, {"M": 3000, "N": 1024}, {"M": 9000, "N": 4096},
+              {"M": 17, "N": 1000}, {"M": 5, "N": 40968}]
+    for g in genomes:
+        _check(prob, g, shapes)
+        case = Case({"M": 5000, "N": 2048}, "bfloat16")
+        raw = prob.make_inputs(case, np.random.default_rng(7), cp)
+        first, _ = launch_case(prob, g, case, raw)
+        again, _ = launch_case(prob, g, case, raw)
+        assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
+
+
 def test_backward_seeds_through_evaluator(cuda_device) -> None:
     """Every backward seed passes the gate and Timing (the workspace contract included)."""
     fitness = pytest.importorskip("fitness")
