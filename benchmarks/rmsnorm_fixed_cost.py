@@ -43,6 +43,11 @@ torch.compile of the reference under the same method (outputs held per set, as i
 
 ``--params`` times a genome of the kernel family given by its knobs (the rest as in the
 first seed) instead of a dispatch module's choice, e.g. a seed, without running a search.
+``--vs '{"TREE": 8}'`` (repeatable) times the same genome with those knobs changed beside it, in
+the same run and at every row count, e.g. two forms of the backward's dw reduction side by side:
+
+    python benchmarks/rmsnorm_fixed_cost.py --backward --n 1024 --params '{"ALGO": 1, ...}' \\
+        --variants full,no-reduce --vs '{"TREE": 8}' --vs '{"TREE": 4}'
 """
 
 from __future__ import annotations
@@ -139,30 +144,58 @@ def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str
     return source.replace(old, new, 1)
 
 
+def _knobs(problem: Any, text: str, flag: str) -> dict[str, Any]:
+    """The JSON object ``text`` of knob names to values, checked against the family's knobs."""
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{flag}: not JSON ({e}); give an object such as '{{\"THREADS\": 256, ...}}'") from e
+    if not isinstance(given, dict):
+        raise SystemExit(f"{flag}: give a JSON object of knob names to values")
+    known = problem.seeds[0].params
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise SystemExit(f"{flag}: unknown knobs {unknown}; the kernel's are {sorted(known)}")
+    return given
+
+
+def _as_entry(problem: Any, genome: Any, case: str, flag: str) -> dict[str, Any]:
+    params = dict(genome.params)
+    if not problem.params.is_valid(params):
+        raise SystemExit(f"{flag} break the kernel family's rules: {problem.params.violations(params)}")
+    return {"id": genome.id, "case": case, "params": params, "source": genome.source,
+            "defines": genome.defines(), "entry": genome.entry}
+
+
 def genome_from_params(problem: Any, text: str) -> dict[str, Any]:
     """A genome of ``problem``'s kernel family (its first seed's source) with the JSON params ``text``,
     in the form a dispatch module's ``select`` returns.
 
     Raises:
-        SystemExit: ``text`` is not a JSON object, or the params break the Problem's rules (the
-            message lists which).
+        SystemExit: ``text`` is not a JSON object, names a knob the family does not have, or the
+            params break the Problem's rules (the message lists which).
     """
-    try:
-        given = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise SystemExit(f"--params: not JSON ({e}); give an object such as '{{\"THREADS\": 256, ...}}'") from e
-    if not isinstance(given, dict):
-        raise SystemExit("--params: give a JSON object of knob names to values")
-    seed = problem.seeds[0]
-    unknown = sorted(set(given) - set(seed.params))
-    if unknown:
-        raise SystemExit(f"--params: unknown knobs {unknown}; the kernel's are {sorted(seed.params)}")
-    genome = seed.with_params(**given)
-    params = dict(genome.params)
-    if not problem.params.is_valid(params):
-        raise SystemExit(f"--params break the kernel family's rules: {problem.params.violations(params)}")
-    return {"id": genome.id, "case": "--params", "params": params, "source": genome.source,
-            "defines": genome.defines(), "entry": genome.entry}
+    given = _knobs(problem, text, "--params")
+    return _as_entry(problem, problem.seeds[0].with_params(**given), "--params", "--params")
+
+
+def edited_genome(problem: Any, genome: dict[str, Any], text: str) -> tuple[str, dict[str, Any]]:
+    """``genome`` (a dispatch module's or :func:`genome_from_params`' form) with the knobs of the JSON
+    object ``text`` changed, and a label naming the changes (e.g. ``TREE=8``): what ``--vs`` times
+    beside the genome itself, in the same run.
+
+    Raises:
+        SystemExit: As :func:`genome_from_params`, or ``text`` changes no knob.
+    """
+    from evo.types import Genome
+
+    given = _knobs(problem, text, "--vs")
+    changed = {k: v for k, v in given.items() if genome["params"].get(k) != v}
+    if not changed:
+        raise SystemExit(f"--vs {text}: changes no knob of the genome (its params: {genome['params']})")
+    edited = Genome(genome["source"], {**genome["params"], **changed}, entry=genome["entry"])
+    label = " ".join(f"{k}={v}" for k, v in changed.items())
+    return label, _as_entry(problem, edited, f"{genome['case']}, {label}", f"--vs {text}")
 
 
 def input_sets(l2_bytes: int, set_bytes: int) -> int:
@@ -248,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_CODES))
     ap.add_argument("--rows", default="16384,32768,65536,131072", help="comma list of M")
     ap.add_argument("--variants", default="full,dtype-only", help="comma list of " + ", ".join(VARIANTS))
+    ap.add_argument("--vs", action="append", default=[], metavar="JSON",
+                    help="knob changes (a JSON object, e.g. '{\"TREE\": 8}') whose genome is timed beside the "
+                         "genome in the same run, row count by row count (repeatable; rows labelled by the changes)")
     ap.add_argument("--torch", action="store_true", help="also time torch.compile of the reference")
     ap.add_argument("--out", default=None, help="JSON results (default: print only)")
     args = ap.parse_args(argv)
@@ -279,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     genome = (rmsnorm_peers.import_dispatch(args.module).select({"M": rows[0], "N": args.n}, args.dtype) if args.module
               else genome_from_params(problem, args.params))
     print(f"genome {genome['id'][:12]} (exported for {genome['case']}) {genome['params']}", flush=True)
+    entries = [("", genome)] + [edited_genome(problem, genome, text) for text in args.vs]
+    for label, g in entries[1:]:
+        print(f"  beside it: {label} (genome {g['id'][:12]})", flush=True)
     sources = {v: variant_source(genome["source"], v, args.dtype, args.backward) for v in variants}
     copy_tbs = rmsnorm_peers.copy_ceiling_tbs()
     print(f"copy ceiling (D2D, 2 GiB, same method): {copy_tbs:.3f} TB/s", flush=True)
@@ -287,21 +326,23 @@ def main(argv: list[str] | None = None) -> int:
         case = Case({"M": m, "N": args.n}, args.dtype)
         sets = input_sets(l2, m * per_row)
         out_names = [s.name for s in problem.signature(case) if s.role == "out"]
-        full_out = None
-        for v in variants:
-            calls, bufs = _calls(problem, sources[v], genome, case, sets, seed=m)
-            calls[0]()
-            cupy.cuda.runtime.deviceSynchronize()
-            outs = {k: cupy.asnumpy(bufs[0][k]).tobytes() for k in out_names}
-            if v == "full":
-                full_out = outs
-            elif v == "dtype-only" and full_out is not None and outs != full_out:
-                raise SystemExit(f"dtype-only computed different outputs from full at M={m}: the edit is wrong")
-            res = time_calls(calls)
-            table.setdefault(v, {})[m] = res.time_ms * 1000.0
-            frac = fraction_of_copy(moved(case), res.time_ms * 1000.0, copy_tbs)
-            print(f"M={m:7d} {v:10s} {res.time_ms * 1000:9.2f} us  spread {100 * res.spread:.1f}%  "
-                  f"{frac:.3f} of copy", flush=True)
+        for label, g in entries:
+            full_out = None
+            for v in variants:
+                row = f"{v} {label}" if label else v
+                calls, bufs = _calls(problem, sources[v], g, case, sets, seed=m)
+                calls[0]()
+                cupy.cuda.runtime.deviceSynchronize()
+                outs = {k: cupy.asnumpy(bufs[0][k]).tobytes() for k in out_names}
+                if v == "full":
+                    full_out = outs
+                elif v == "dtype-only" and full_out is not None and outs != full_out:
+                    raise SystemExit(f"dtype-only computed different outputs from full at M={m}: the edit is wrong")
+                res = time_calls(calls)
+                table.setdefault(row, {})[m] = res.time_ms * 1000.0
+                frac = fraction_of_copy(moved(case), res.time_ms * 1000.0, copy_tbs)
+                print(f"M={m:7d} {row:10s} {res.time_ms * 1000:9.2f} us  spread {100 * res.spread:.1f}%  "
+                      f"{frac:.3f} of copy", flush=True)
         if args.torch:
             table.setdefault("torch.compile", {})[m] = _time_torch(args, m) * 1000.0
             print(f"M={m:7d} {'torch.compile':10s} {table['torch.compile'][m]:9.2f} us", flush=True)
@@ -328,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"n": args.n, "dtype": args.dtype, "backward": args.backward,
                                               "copy_tbs": copy_tbs,
-                                              "genome": genome["id"], "params": genome["params"], "times_us": table,
+                                              "genome": genome["id"], "params": genome["params"],
+                                              "vs": [{"label": label, "genome": g["id"], "params": g["params"]}
+                                                     for label, g in entries[1:]],
+                                              "times_us": table,
                                               "fits": {k: {"fixed_us": a, "per_32k_rows_us": b, "worst_residual_us": w}
                                                        for k, (a, b, w) in fits.items()}}, indent=1))
     return 0

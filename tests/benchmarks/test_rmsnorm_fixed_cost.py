@@ -155,3 +155,23 @@ def test_module_and_params_are_exclusive(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         fc.main(["--n", "256", "--module", "m.py", "--params", "{}"])
     assert "not allowed with" in capsys.readouterr().err
+
+
+def test_vs_edits_the_genome_and_labels_the_changes() -> None:
+    """--vs: the genome with the given knobs changed (the source kept), labelled by what changed."""
+    prob = make_backward_problem()
+    base = fc.genome_from_params(prob, '{"ALGO": 1, "THREADS": 256, "MAX_CHUNKS": 2, "ROW_WARP": 2}')
+    label, g = fc.edited_genome(prob, base, '{"TREE": 8, "THREADS": 256}')
+    assert label == "TREE=8"  # THREADS is unchanged, so it is not in the label
+    assert g["params"] == {**base["params"], "TREE": 8} and g["source"] == base["source"]
+    assert "-DTREE=8" in g["defines"] and g["id"] != base["id"]
+    assert g["id"] == prob.seeds[0].with_params(**g["params"]).id
+
+
+@pytest.mark.parametrize("text,match", [('{"TREE": 0}', "changes no knob"), ('{"TREEZ": 8}', "unknown knobs"),
+                                        ('{"THREADS": 1024, "MAX_CHUNKS": 8}', "rules"), ("[8]", "JSON object")])
+def test_bad_vs_are_clear_errors(text: str, match: str) -> None:
+    prob = make_backward_problem()
+    base = fc.genome_from_params(prob, '{"ALGO": 1, "THREADS": 256, "MAX_CHUNKS": 2, "ROW_WARP": 2}')
+    with pytest.raises(SystemExit, match=match):
+        fc.edited_genome(prob, base, text)

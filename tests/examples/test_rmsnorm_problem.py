@@ -239,3 +239,20 @@ def test_backward_persistent_launch_and_workspace() -> None:
     assert ws.role == "workspace" and ws.numel == BWD_WS_HEADER + BWD_PARTS_MAX * 16384
     assert bwd_signature(Case({"M": 3, "N": 7}, "float32"))[-1].numel == BWD_WS_HEADER + 3 * 7
     assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 11
+
+
+def test_backward_kernel_constants_match_the_problem() -> None:
+    """The backward kernel's workspace header, shared-memory limit and grid bound are the Problem's,
+    and every TREE choice leaves a ticket word after word 0 for each group of the largest grid."""
+    import math
+    import re
+
+    from examples.rmsnorm_problem import BWD_PARTS_MAX, BWD_SMEM_DW_COLS, BWD_WS_HEADER, KERNEL_DIR
+
+    src = (KERNEL_DIR / "rmsnorm_bwd.cu").read_text()
+    assert int(re.search(r"#define WS_HEADER (\d+)", src).group(1)) == BWD_WS_HEADER
+    assert int(re.search(r"#define SMEM_DW_COLS (\d+)", src).group(1)) == BWD_SMEM_DW_COLS
+    assert int(re.search(r"#if TREE > 0 && \((\d+) \+ TREE - 1\) / TREE > (\d+)", src).group(1)) == BWD_PARTS_MAX
+    assert int(re.search(r"#if TREE > 0 && \(\d+ \+ TREE - 1\) / TREE > (\d+)", src).group(1)) == BWD_WS_HEADER - 1
+    trees = [t for t in make_backward_problem().params.params["TREE"].values if t]
+    assert trees and all(math.ceil(BWD_PARTS_MAX / t) <= BWD_WS_HEADER - 1 for t in trees)
