@@ -10,8 +10,8 @@ run, one copy of each size and the same bytes copied in pieces of ``--piece`` (a
 ceiling uses), so a slowdown shows which of the two it follows: the size of one copy or the
 size of the buffers.
 
-Every timing is :func:`fitness.time_calls` issued call by call (``use_graph=False``), as
-:func:`rmsnorm_peers.copy_ceiling_tbs` times its ceiling. Output: a table on stdout and
+Every timing is :func:`rmsnorm_peers.copy_timing`, the code that times the peer benchmarks'
+ceiling (:func:`fitness.time_calls`, issued call by call). Output: a table on stdout and
 ``--out`` (JSON).
 
     python benchmarks/copy_by_size.py --sizes 256M,1G,2G,4G,8G --piece 1G --out runs/copy_by_size.json
@@ -31,6 +31,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import rmsnorm_peers  # noqa: E402
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -47,6 +50,8 @@ def parse_size(text: str) -> int:
     n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
     if n <= 0:
         raise ValueError(f"size {text!r} is not positive")
+    if n % 4:
+        raise ValueError(f"size {text!r} is {n} bytes: give a multiple of 4 (the copies are of float32 words)")
     return n
 
 
@@ -73,26 +78,6 @@ def table_lines(rows: Sequence[dict[str, Any]], reference: int | None) -> list[s
             cells.append(f"{r['pieces_tbs'] / ref['copy_tbs']:.3f}" if r.get("pieces_tbs") else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
-
-
-def _time_copy(nbytes: int, piece: int) -> dict[str, Any]:
-    import torch
-
-    from fitness import time_calls
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    src.fill_(1)
-    dst = torch.empty_like(src)
-    whole = time_calls([lambda: dst.copy_(src)], use_graph=False)
-    row: dict[str, Any] = {"bytes": nbytes, "copy_tbs": 2 * nbytes / (whole.time_ms * 1e-3) / 1e12,
-                           "copy_spread": whole.spread, "piece": piece}
-    if piece < nbytes:
-        def pieces() -> None:
-            for o in range(0, nbytes, piece):
-                dst[o:o + piece].copy_(src[o:o + piece])
-        res = time_calls([pieces], use_graph=False)
-        row["pieces_tbs"] = 2 * nbytes / (res.time_ms * 1e-3) / 1e12
-    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{format_size(n)}: skipped (two buffers need {format_size(2 * n)}, "
                   f"{format_size(free)} free)", flush=True)
             continue
-        row = _time_copy(n, piece if 0 < piece else n)
-        torch.cuda.empty_cache()  # the buffers died with _time_copy's frame: give their memory back
+        row = rmsnorm_peers.copy_timing(n, piece)
+        torch.cuda.empty_cache()  # the buffers died with copy_timing's frame: give their memory back
         rows.append(row)
         print(f"{format_size(n):>9s}: copy {row['copy_tbs']:.3f} TB/s (spread {100 * row['copy_spread']:.1f}%)"
               + (f", in pieces {row['pieces_tbs']:.3f} TB/s" if row.get("pieces_tbs") else ""), flush=True)

@@ -193,7 +193,7 @@ def edited_genome(problem: Any, genome: dict[str, Any], text: str) -> tuple[str,
     changed = {k: v for k, v in given.items() if genome["params"].get(k) != v}
     if not changed:
         raise SystemExit(f"--vs {text}: changes no knob of the genome (its params: {genome['params']})")
-    edited = Genome(genome["source"], {**genome["params"], **changed}, entry=genome["entry"])
+    edited = Genome(genome["source"], genome["params"], entry=genome["entry"]).with_params(**changed)
     label = " ".join(f"{k}={v}" for k, v in changed.items())
     return label, _as_entry(problem, edited, f"{genome['case']}, {label}", f"--vs {text}")
 

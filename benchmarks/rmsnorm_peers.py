@@ -650,18 +650,42 @@ def untimed_lines(left: list[tuple[str, int, int]], limit: float | None) -> list
             f"case{'s' if len(left) != 1 else ''}: {names}. Run again with --resume to time them."]
 
 
-def copy_ceiling_tbs() -> float:
-    """The device-to-device copy rate (TB/s, read plus write) of a 2 GiB buffer, timed like the
-    providers (:func:`fitness.time_calls`) but issued call by call: a memcpy recorded in a CUDA
-    graph may run on a copy engine, slower than the kernel copy the fitness worker measures."""
+def copy_timing(nbytes: int, piece: int = 0) -> dict[str, Any]:
+    """The device-to-device copy rate of an ``nbytes`` buffer (TB/s, read plus write), timed like
+    the providers (:func:`fitness.time_calls`) but issued call by call: a memcpy recorded in a CUDA
+    graph may run on a copy engine, slower than the kernel copy the fitness worker measures.
+
+    Returns:
+        ``bytes``, ``copy_tbs``, ``copy_spread`` and ``piece``; with ``0 < piece < nbytes`` also
+        ``pieces_tbs``: the same two buffers copied in pieces of ``piece`` bytes, call by call.
+
+    Raises:
+        ValueError: ``nbytes`` or ``piece`` is not a whole number of float32 words.
+    """
+    if nbytes <= 0 or nbytes % 4 or piece % 4:
+        raise ValueError(f"copy of {nbytes} bytes in pieces of {piece}: give positive multiples of 4 bytes")
     import torch
 
     from fitness import time_calls
 
-    src = torch.empty(1 << 29, device="cuda", dtype=torch.float32)
+    src = torch.empty(nbytes // 4, device="cuda", dtype=torch.float32)
     dst = torch.empty_like(src)
-    ms = time_calls([lambda: dst.copy_(src)], use_graph=False).time_ms
-    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+    whole = time_calls([lambda: dst.copy_(src)], use_graph=False)
+    out: dict[str, Any] = {"bytes": nbytes, "copy_tbs": 2 * nbytes / (whole.time_ms * 1e-3) / 1e12,
+                           "copy_spread": whole.spread, "piece": piece or nbytes}
+    if 0 < piece < nbytes:
+        step = piece // 4
+
+        def pieces() -> None:
+            for o in range(0, src.numel(), step):
+                dst[o:o + step].copy_(src[o:o + step])
+        out["pieces_tbs"] = 2 * nbytes / (time_calls([pieces], use_graph=False).time_ms * 1e-3) / 1e12
+    return out
+
+
+def copy_ceiling_tbs() -> float:
+    """The copy rate of a 2 GiB buffer (:func:`copy_timing`): every "% copy" of these benchmarks."""
+    return copy_timing(1 << 31)["copy_tbs"]
 
 
 def input_sets(dtype: str, m: int, n: int, l2: int, arrays: int) -> list[Any]:

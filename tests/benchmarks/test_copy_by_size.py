@@ -21,10 +21,16 @@ def test_parse_size(text: str, nbytes: int) -> None:
     assert cbs.parse_size(text) == nbytes
 
 
-@pytest.mark.parametrize("text", ["lots", "1T", "-1G", "0", ""])
+@pytest.mark.parametrize("text", ["lots", "1T", "-1G", "0", "", "4097"])
 def test_bad_sizes_are_clear_errors(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
         cbs.parse_size(text)
+
+
+@pytest.mark.parametrize("nbytes,piece", [(4097, 0), (0, 0), (1 << 20, 6)])
+def test_copy_timing_refuses_partial_words_before_any_gpu_work(nbytes: int, piece: int) -> None:
+    with pytest.raises(ValueError, match="multiples of 4 bytes"):
+        cbs.rmsnorm_peers.copy_timing(nbytes, piece)
 
 
 def test_format_size() -> None:

@@ -252,7 +252,7 @@ def test_backward_kernel_constants_match_the_problem() -> None:
     src = (KERNEL_DIR / "rmsnorm_bwd.cu").read_text()
     assert int(re.search(r"#define WS_HEADER (\d+)", src).group(1)) == BWD_WS_HEADER
     assert int(re.search(r"#define SMEM_DW_COLS (\d+)", src).group(1)) == BWD_SMEM_DW_COLS
-    assert int(re.search(r"#if TREE > 0 && \((\d+) \+ TREE - 1\) / TREE > (\d+)", src).group(1)) == BWD_PARTS_MAX
-    assert int(re.search(r"#if TREE > 0 && \(\d+ \+ TREE - 1\) / TREE > (\d+)", src).group(1)) == BWD_WS_HEADER - 1
+    grid, words = re.search(r"#if TREE > 0 && \((\d+) \+ TREE - 1\) / TREE > (\d+)", src).groups()
+    assert int(grid) == BWD_PARTS_MAX and int(words) == BWD_WS_HEADER - 1
     trees = [t for t in make_backward_problem().params.params["TREE"].values if t]
     assert trees and all(math.ceil(BWD_PARTS_MAX / t) <= BWD_WS_HEADER - 1 for t in trees)
