@@ -155,8 +155,18 @@ extern "C" __global__ void normal_f32(float* __restrict__ out, long long n, u64 
                                       const float* __restrict__ scale, const float* __restrict__ shift,
                                       long long row_len) {
     long long pairs = (n + 1) >> 1;
+    long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += stride) {
+    if (p >= pairs) return;
+    // Row and column of element 2p, stepped along the grid stride without a division per
+    // element (2 * stride = dq rows + dr columns, dr < row_len).
+    const bool per_row = scale != nullptr || shift != nullptr;
+    long long row = 0, col = 0, dq = 0, dr = 0;
+    if (per_row) {
+        row = (2 * p) / row_len; col = 2 * p - row * row_len;
+        dq = (2 * stride) / row_len; dr = 2 * stride - dq * row_len;
+    }
+    for (; p < pairs; p += stride) {
         u64 z = splitmix64(seed ^ splitmix64((u64)p));
         float u1 = ((float)(z >> 40) + 1.0f) * 5.9604644775390625e-08f;  // (0, 1]
         float u2 = (float)(z & 0xFFFFFFull) * 5.9604644775390625e-08f;   // [0, 1)
@@ -164,16 +174,23 @@ extern "C" __global__ void normal_f32(float* __restrict__ out, long long n, u64 
         float s, c;
         sincospif(2.0f * u2, &s, &c);
         float v[2] = {r * c, r * s};
+        long long i = 2 * p;
+        bool both = i + 1 < n;
+        if (per_row) {
+            long long rows[2] = {row, col + 1 == row_len ? row + 1 : row};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            long long i = 2 * p + h;
-            if (i < n) {
+            for (int h = 0; h < 2; ++h) {
+                if (h == 1 && !both) break;
                 float x = v[h];
-                if (scale) x *= scale[i / row_len];
-                if (shift) x += shift[i / row_len];
-                out[i] = x;
+                if (scale) x *= scale[rows[h]];
+                if (shift) x += shift[rows[h]];
+                v[h] = x;
             }
+            col += dr; row += dq;
+            if (col >= row_len) { col -= row_len; row += 1; }
         }
+        if (both) *reinterpret_cast<float2*>(out + i) = make_float2(v[0], v[1]);  // i even: 8-byte aligned
+        else out[i] = v[0];
     }
 }
 

@@ -1,0 +1,186 @@
+"""The fused normal generator (``fitness.random_normal`` on cupy): one division per element vs none.
+
+The Timing stage draws every case's inputs anew for each evaluation (twice: warm-up and timed
+contents), and the draw was the largest part of its inputs (run 30's report, H100:
+``inputs/draw`` 0.399 s of 0.808 s per evaluation). The generator's first form found each
+element's row for its per-row scale and shift with a 64-bit division per element and per
+vector; the current one steps row and column along the grid stride. Both forms run here on
+the same seeds and shapes, in alternating order, and their outputs are compared bit for bit
+(the current form must draw exactly the values the first one drew)::
+
+    python benchmarks/normal_bench.py                            # 32768x1024, 8192x262144
+    python benchmarks/normal_bench.py --shapes 1000x1001 --repeats 7 --plain
+
+Prints one line per shape: min-max seconds of each form, elements per second of the current
+one, the ratio of the medians, and whether the bits agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+#: The generator's first form: the row of every element by a 64-bit division (the oracle).
+FIRST_FORM = r"""
+typedef unsigned long long u64;
+__device__ __forceinline__ u64 splitmix64(u64 z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+extern "C" __global__ void normal_first(float* __restrict__ out, long long n, u64 seed,
+                                        const float* __restrict__ scale, const float* __restrict__ shift,
+                                        long long row_len) {
+    long long pairs = (n + 1) >> 1;
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += stride) {
+        u64 z = splitmix64(seed ^ splitmix64((u64)p));
+        float u1 = ((float)(z >> 40) + 1.0f) * 5.9604644775390625e-08f;
+        float u2 = (float)(z & 0xFFFFFFull) * 5.9604644775390625e-08f;
+        float r = sqrtf(-2.0f * logf(u1));
+        float s, c;
+        sincospif(2.0f * u2, &s, &c);
+        float v[2] = {r * c, r * s};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            long long i = 2 * p + h;
+            if (i < n) {
+                float x = v[h];
+                if (scale) x *= scale[i / row_len];
+                if (shift) x += shift[i / row_len];
+                out[i] = x;
+            }
+        }
+    }
+}
+"""
+
+_FIRST: dict[str, Any] = {}
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """``"32768x1024,7"`` -> ``[(32768, 1024), (7,)]``; a clear error otherwise."""
+    shapes: list[tuple[int, ...]] = []
+    for part in text.split(","):
+        try:
+            shape = tuple(int(d) for d in part.strip().lower().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes {text!r}: give shapes like 32768x1024 or 1000003, comma-separated") from None
+        if not shape or any(d < 1 for d in shape):
+            raise SystemExit(f"--shapes {text!r}: every dimension must be 1 or more")
+        shapes.append(shape)
+    return shapes
+
+
+def first_form(cp: Any, seed: int, shape: tuple[int, ...], scale: Any = None, shift: Any = None) -> Any:
+    """The first form's values for ``seed`` and ``shape`` (launched as ``Fused.normal`` launches)."""
+    from fitness._fused import BLOCK, GRID
+
+    fn = _FIRST.get("fn")
+    if fn is None:
+        fn = _FIRST["fn"] = cp.RawModule(code=FIRST_FORM, options=("--std=c++17",)).get_function("normal_first")
+    out = cp.empty(shape, dtype=cp.float32)
+    n = int(out.size)
+    row_len = max(1, n // shape[0])
+    ptrs = [cp.uint64(0) if v is None else cp.ascontiguousarray(v, dtype=cp.float32) for v in (scale, shift)]
+    grid = max(1, min(GRID * 8, -(-((n + 1) // 2) // BLOCK)))
+    fn((grid,), (BLOCK,), (out, cp.int64(n), cp.uint64(seed & (2**64 - 1)), ptrs[0], ptrs[1], cp.int64(row_len)))
+    return out
+
+
+def same_values(cp: Any, seed: int, shape: tuple[int, ...], *, per_row: bool = True) -> bool:
+    """Whether the current generator draws the first form's bits for ``seed`` and ``shape``
+    (with a per-row scale and shift unless ``per_row`` is false)."""
+    from fitness._fused import fused_for
+
+    scale = shift = None
+    if per_row:
+        rows = shape[0]
+        scale = cp.linspace(0.5, 3.0, rows, dtype=cp.float32)
+        shift = cp.linspace(-1.0, 1.0, rows, dtype=cp.float32)
+    fused = fused_for(cp)
+    if fused is None:
+        raise RuntimeError("the fused kernels did not build on this device")
+    now = fused.normal(seed, shape, scale=scale, shift=shift)
+    first = first_form(cp, seed, shape, scale, shift)
+    return bool(cp.array_equal(now.view(cp.uint32), first.view(cp.uint32)))
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], Any]) -> float:
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - t0
+
+
+def compare(cp: Any, shape: tuple[int, ...], repeats: int, *, per_row: bool = True) -> str:
+    """Both forms on ``shape``, alternating; a line of their times and whether the bits agree."""
+    from fitness._fused import fused_for
+
+    fused = fused_for(cp)
+    if fused is None:
+        raise RuntimeError("the fused kernels did not build on this device")
+    sync = cp.cuda.runtime.deviceSynchronize
+    rows = shape[0]
+    scale = cp.linspace(0.5, 3.0, rows, dtype=cp.float32) if per_row else None
+    shift = cp.linspace(-1.0, 1.0, rows, dtype=cp.float32) if per_row else None
+    same = same_values(cp, 12345, shape, per_row=per_row)
+    cp.get_default_memory_pool().free_all_blocks()
+    n = 1
+    for d in shape:
+        n *= d
+    times: dict[str, list[float]] = {"first": [], "current": []}
+    order: list[tuple[str, Callable[[], Any]]] = [
+        ("first", lambda: first_form(cp, 7, shape, scale, shift)),
+        ("current", lambda: fused.normal(7, shape, scale=scale, shift=shift)),
+    ]
+    for _, fn in order:  # compiles and allocates outside the timed repeats
+        fn()
+    for r in range(repeats):
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            times[name].append(_timed(fn, sync))
+        cp.get_default_memory_pool().free_all_blocks()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    a, b = times["first"], times["current"]
+    return (f"first {min(a):.4f}-{max(a):.4f} s, current {min(b):.4f}-{max(b):.4f} s "
+            f"({n / med['current'] / 1e9:.1f} G elements/s), median ratio {med['first'] / med['current']:.2f}x, "
+            f"same bits: {same}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default="32768x1024,8192x262144", help="comma list of shapes, e.g. 32768x1024")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--plain", action="store_true", help="no per-row scale and shift")
+    args = ap.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be 1 or more")
+    from fitness._device import gpu_available
+
+    if not gpu_available():
+        raise SystemExit("normal_bench needs a usable CUDA device (cupy sees none here)")
+    import cupy as cp
+
+    print(f"device: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, cupy {cp.__version__}")
+    for shape in shapes:
+        label = "x".join(str(d) for d in shape)
+        print(f"{label}{'' if args.plain else ' (per-row scale and shift)'}: "
+              f"{compare(cp, shape, args.repeats, per_row=not args.plain)}", flush=True)
+        cp.get_default_memory_pool().free_all_blocks()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
