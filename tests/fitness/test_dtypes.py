@@ -1,4 +1,4 @@
-"""Storage conversions, poison and checksums, on the CPU with numpy."""
+"""Storage conversions, poison and checksums, on the CPU with numpy (and poison on a GPU)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fitness._device import gpu_available
 from fitness._dtypes import (
     checksum,
     from_storage,
@@ -97,6 +98,25 @@ def test_poison_is_nan_for_floats(dtype):
     poison(buf, np)
     assert int(buf.view(f"u{buf.itemsize}")[0]) == poison_bits(dtype)
     assert np.isnan(from_storage(buf, dtype, np).astype(np.float64)).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+def test_gpu_poison_sets_all_ones_and_nothing_around(dtype):
+    import cupy as cp
+
+    whole = cp.zeros(1003, dtype=storage_dtype(dtype))
+    body = whole[1:1002]  # contiguous, not at the allocation's start: the memset path
+    poison(body, cp)
+    bits = whole.view(f"u{whole.itemsize}").get()
+    assert int(bits[0]) == 0 and int(bits[-1]) == 0
+    assert (bits[1:1002] == poison_bits(dtype)).all()
+    strided = cp.zeros(20, dtype=storage_dtype(dtype))
+    poison(strided[::2], cp)  # not contiguous: the fill path
+    sb = strided.view(f"u{strided.itemsize}").get()
+    assert (sb[::2] == poison_bits(dtype)).all() and (sb[1::2] == 0).all()
+    poison(cp.zeros(0, dtype=storage_dtype(dtype)), cp)  # empty: nothing to set
 
 
 def test_storage_dtype_rejects_unknown():
