@@ -12,7 +12,9 @@ the same seeds and shapes, in alternating order, and their outputs are compared 
     python benchmarks/normal_bench.py --shapes 1000x1001 --repeats 7 --plain
 
 Prints one line per shape: min-max seconds of each form, elements per second of the current
-one, the ratio of the medians, and whether the bits agree.
+one, the ratio of the medians, and whether the bits agree. ``--store bfloat16,float32`` adds,
+per shape and dtype, an input stored from a deferred draw (``fitness.normal_draw``): float32
+values then ``store_into`` against the draw written straight into the buffer's storage.
 """
 
 from __future__ import annotations
@@ -158,13 +160,54 @@ def compare(cp: Any, shape: tuple[int, ...], repeats: int, *, per_row: bool = Tr
             f"same bits: {same}")
 
 
+def compare_store(cp: Any, shape: tuple[int, ...], dtype: str, repeats: int) -> str:
+    """An input stored from a deferred draw: float32 values then ``store_into`` vs the draw
+    written straight into the buffer's storage (``NormalDraw.store_into``); times and bits."""
+    from fitness import normal_draw
+    from fitness._dtypes import storage_dtype, store_into
+
+    sync = cp.cuda.runtime.deviceSynchronize
+    draw = normal_draw(9, shape, scale=cp.linspace(0.5, 3.0, shape[0], dtype=cp.float32))
+    dst = cp.empty(draw.size, dtype=storage_dtype(dtype))
+    bits = f"u{dst.itemsize}"
+
+    def two_step() -> None:
+        store_into(dst, draw.values(cp).reshape(-1), dtype, cp)
+
+    def straight() -> None:
+        draw.store_into(dst, dtype, cp)
+
+    two_step()
+    want = dst.copy()
+    straight()
+    same = bool(cp.array_equal(want.view(bits), dst.view(bits)))
+    del want
+    times: dict[str, list[float]] = {"values, then store": [], "straight": []}
+    order = [("values, then store", two_step), ("straight", straight)]
+    for r in range(repeats):
+        for name, fn in order if r % 2 == 0 else order[::-1]:
+            times[name].append(_timed(fn, sync))
+        cp.get_default_memory_pool().free_all_blocks()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    a, b = times["values, then store"], times["straight"]
+    return (f"values then store {min(a):.4f}-{max(a):.4f} s, straight into storage {min(b):.4f}-{max(b):.4f} s, "
+            f"median ratio {med['values, then store'] / med['straight']:.2f}x, same bits: {same}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="32768x1024,8192x262144", help="comma list of shapes, e.g. 32768x1024")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--plain", action="store_true", help="no per-row scale and shift")
+    ap.add_argument("--store", default="", metavar="DTYPES",
+                    help="also compare storing a deferred draw in these dtypes (e.g. bfloat16,float32): "
+                         "float32 values then store_into vs straight into the storage")
     args = ap.parse_args(argv)
     shapes = parse_shapes(args.shapes)
+    stores = [d for d in args.store.split(",") if d]
+    unknown = sorted(set(stores) - {"float32", "float16", "bfloat16", "float64"})
+    if unknown:
+        raise SystemExit(f"--store {args.store!r}: unknown dtype(s) {unknown}; use float32, float16, bfloat16, float64")
     if args.repeats < 1:
         raise SystemExit("--repeats must be 1 or more")
     from fitness._device import gpu_available
@@ -178,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         label = "x".join(str(d) for d in shape)
         print(f"{label}{'' if args.plain else ' (per-row scale and shift)'}: "
               f"{compare(cp, shape, args.repeats, per_row=not args.plain)}", flush=True)
+        for dtype in stores:
+            print(f"{label} {dtype} input: {compare_store(cp, shape, dtype, args.repeats)}", flush=True)
         cp.get_default_memory_pool().free_all_blocks()
     return 0
 

@@ -228,6 +228,7 @@ def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: i
     import numpy as np
     import torch
 
+    from fitness import materialize
     from fitness._dtypes import storage_dtype, to_storage
 
     key = (source, tuple(genome["defines"]), genome["entry"])
@@ -251,11 +252,11 @@ def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: i
     shared_ws = {s.name: cupy.zeros(max(1, s.nbytes), dtype=cupy.uint8) for s in specs if s.role == "workspace"}
     calls, bufsets = [], []
     for _ in range(sets):
-        inputs = problem.make_inputs(case, rng, cupy)
+        inputs = materialize(problem.make_inputs(case, rng, cupy), cupy)
         bufs: dict[str, Any] = {}
         for s in specs:
             if s.role == "in":
-                bufs[s.name] = to_storage(inputs[s.name], s.dtype, cupy)
+                bufs[s.name] = to_storage(inputs[s.name].reshape(-1), s.dtype, cupy)
             elif s.role == "workspace":
                 bufs[s.name] = shared_ws[s.name]  # zeros, returned zeros by the kernel (shared, as in an export)
             else:

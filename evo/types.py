@@ -18,7 +18,9 @@ kernel. For one :class:`Case` (a shape and a dtype) the Problem says:
 * ``scalars(case)`` -> the scalar arguments that follow the buffers, as
   ``(ctype, value)`` pairs with ctype in ``int32``, ``int64``, ``uint32``, ``float32``;
 * ``make_inputs(case, rng, xp)`` -> float32/float64/int arrays for every ``"in"`` buffer
-  (``xp`` is numpy or cupy); the harness rounds them to the storage dtype;
+  (``xp`` is numpy or cupy); the harness rounds them to the storage dtype. An input may
+  instead be a deferred draw (``fitness.normal_draw``), which the harness draws straight
+  into the buffer in its storage dtype (``fitness.materialize`` turns one into an array);
 * ``reference(inputs, case, xp)`` -> the expected value of every ``"out"`` buffer,
   computed from the *stored* (rounded) inputs upcast to float32, in float32 or better;
 * ``launch(params, case, device)`` -> a :class:`Launch` (grid, block, dynamic shared

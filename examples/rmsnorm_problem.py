@@ -24,7 +24,7 @@ import numpy as np
 
 from evo.space import CategoricalAxis, Choice, Condition, Constraint, NumericAxis, ParamSpace
 from evo.types import DTYPE_BYTES, ArgSpec, Case, DeviceInfo, Genome, Launch, Problem
-from fitness import random_normal
+from fitness import normal_draw, random_normal
 
 __all__ = [
     "BLOCK_SMEM_OPTIN",
@@ -215,12 +215,15 @@ def fwd_scalars(case: Case) -> list[tuple[str, int | float]]:
 
 
 def fwd_make_inputs(case: Case, rng: np.random.Generator, xp: Any = np) -> dict[str, Any]:
-    """x: standard normal rows, some scaled large (heavy tail) or tiny; w: standard normal."""
+    """x: standard normal rows, some scaled large (heavy tail) or tiny; w: standard normal.
+
+    x is a deferred draw (:func:`fitness.normal_draw`, M x N): the harness draws it straight
+    into the input buffer in the case's dtype; ``fitness.materialize`` gives its array."""
     m, n = case["M"], case["N"]
     rng = _host_rng(rng)
-    x = _normal(rng, xp, (m, n), scale=_row_scales(rng, m))
+    x = normal_draw(rng, (m, n), scale=_row_scales(rng, m))
     w = _normal(rng, xp, (n,))
-    return {"x": x.reshape(-1), "w": w}
+    return {"x": x, "w": w}
 
 
 def fwd_reference(inputs: Mapping[str, Any], case: Case, xp: Any = np, *, fused: bool = True) -> dict[str, Any]:
@@ -764,14 +767,16 @@ def bwd_scalars(case: Case) -> list[tuple[str, int | float]]:
 
 
 def bwd_make_inputs(case: Case, rng: np.random.Generator, xp: Any = np) -> dict[str, Any]:
-    """x as in the forward, dy standard normal, w standard normal, rstd of x (float32)."""
+    """x as in the forward, dy standard normal, w standard normal, rstd of x (float32).
+
+    dy is a deferred draw (:func:`fitness.normal_draw`, M x N; x is not: rstd is computed from it)."""
     m, n = case["M"], case["N"]
     rng = _host_rng(rng)
     x = _normal(rng, xp, (m, n), scale=_row_scales(rng, m))
-    dy = _normal(rng, xp, (m, n))
+    dy = normal_draw(rng, (m, n))
     w = _normal(rng, xp, (n,))
     rstd = (1.0 / xp.sqrt(_rms_rows(x, xp) + EPS)).astype(xp.float32)
-    return {"x": x.reshape(-1), "w": w, "dy": dy.reshape(-1), "rstd": rstd}
+    return {"x": x.reshape(-1), "w": w, "dy": dy, "rstd": rstd}
 
 
 def bwd_reference(inputs: Mapping[str, Any], case: Case, xp: Any = np) -> dict[str, Any]:

@@ -14,7 +14,8 @@ API index:
     WorkerProcess, WorkerOutcome, is_cuda_fault,       isolated device workers (``_worker``)
         visible_devices
     Correctness, Timing, init_device                   device stages (``_gate``, ``_device``; imported lazily)
-    random_normal, seed_from                           fast fresh inputs for make_inputs (``_inputs``)
+    random_normal, seed_from, normal_draw,             fast fresh inputs for make_inputs; a NormalDraw is
+        NormalDraw, materialize                        drawn straight into the input buffer (``_inputs``)
     time_calls, CallTiming                             torch callables timed like Timing (``_torch_timing``)
     rotation_sets                                      input sets per timed case: a round > 3x L2 (``_plan``)
 """
@@ -35,7 +36,7 @@ from fitness._compile import (
     truncate_log,
 )
 from fitness._evaluator import Evaluator, EvaluatorConfigError, HostScore, check_reference, default_stages
-from fitness._inputs import random_normal, seed_from
+from fitness._inputs import NormalDraw, materialize, normal_draw, random_normal, seed_from
 from fitness._plan import rotation_sets
 from fitness._resources import Resources, parse_ptxas_report, ptxas_entries
 from fitness._stage import INCUMBENTS, CudaFault, Job, Stage, StageContext, StageResult
@@ -53,7 +54,7 @@ __all__ = [
     "Evaluator", "EvaluatorConfigError", "HostScore", "check_reference", "default_stages",
     "WorkerOutcome", "WorkerProcess", "is_cuda_fault", "visible_devices",
     "Correctness", "Timing", "init_device", "fit_resident", "resident_blocks",
-    "random_normal", "seed_from", "CallTiming", "time_calls", "rotation_sets",
+    "random_normal", "seed_from", "NormalDraw", "materialize", "normal_draw", "CallTiming", "time_calls", "rotation_sets",
 ]
 
 _LAZY = {"Correctness": "fitness._gate", "Timing": "fitness._gate", "init_device": "fitness._device",

@@ -36,6 +36,7 @@ import numpy as np
 
 from evo.types import DeviceInfo, Evaluation, Genome, Problem, ProblemError, Status
 from fitness._compile import DEFAULT_COMPILE_TIMEOUT, Compile
+from fitness._inputs import materialize
 from fitness._resources import Resources
 from fitness._stage import Job, Stage, StageContext, StageResult, incumbents_data
 from fitness._static import StaticCheck
@@ -125,7 +126,7 @@ def check_reference(problem: Problem) -> None:
     case = min(cases, key=lambda c: (math.prod(c.shape.values()), c.key))
     rng = np.random.default_rng(0)
     try:
-        inputs = dict(problem.make_inputs(case, rng, np))
+        inputs = materialize(problem.make_inputs(case, rng, np), np)
     except Exception as e:
         raise ProblemError(f"make_inputs failed on {case.key}: {type(e).__name__}: {e}") from e
     stored = {k: (np.asarray(v, dtype=np.float32) if np.asarray(v).dtype.kind == "f" else np.asarray(v))

@@ -13,7 +13,10 @@ cost of an evaluation. The kernels here do the same work in one pass each:
   special-value counts. Partial sums are per block on a fixed grid, so the result is
   deterministic;
 * :meth:`Fused.f32_to_bf16` / :meth:`Fused.bf16_to_f32` - the round-to-nearest-even
-  conversions of :mod:`fitness._dtypes`.
+  conversions of :mod:`fitness._dtypes`;
+* :meth:`Fused.normal` - standard normal values from a seed (the fresh inputs of
+  :func:`fitness.random_normal` and :class:`fitness.NormalDraw`), in float32 or written
+  straight into a float16 or bfloat16 buffer.
 
 :func:`fused_for` returns ``None`` for numpy (and when the kernels cannot be built, with a
 warning), and callers then take the whole-array path; the two paths agree (GPU tests
@@ -27,7 +30,7 @@ import logging
 import threading
 from typing import Any
 
-__all__ = ["FUSED_DTYPES", "SOURCE", "Fused", "fused_for"]
+__all__ = ["FUSED_DTYPES", "NORMAL_DTYPES", "SOURCE", "Fused", "fused_for"]
 
 log = logging.getLogger(__name__)
 
@@ -133,17 +136,50 @@ __global__ void __launch_bounds__(256) compare_norms(const typename Load<KIND>::
 }
 
 // Round-to-nearest-even float32 -> bfloat16 bits; NaN stays a quiet NaN.
-extern "C" __global__ void f32_to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, long long n) {
-    long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        unsigned int b = __float_as_uint(x[i]);
-        if ((b & 0x7fffffffu) > 0x7f800000u) y[i] = (unsigned short)((b >> 16) | 0x40u);
-        else y[i] = (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-    }
+__device__ __forceinline__ unsigned short bf16_bits(float x) {
+    unsigned int b = __float_as_uint(x);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((b >> 16) | 0x40u);
+    return (unsigned short)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
+// Round-to-nearest-even float32 -> float16 bits (out of range: +-inf, as the hardware does).
+__device__ __forceinline__ unsigned short f16_bits(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+extern "C" __global__ void f32_to_bf16(const float* __restrict__ x, unsigned short* __restrict__ y, long long n) {
+    long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = bf16_bits(x[i]);
+}
+
+// Stores of generated values in a storage type: 0 float32, 1 float16 bits, 2 bfloat16 bits;
+// `two` writes elements i and i+1 with one store (the caller checks the alignment).
+template <int K> struct Store;
+template <> struct Store<0> {
+    typedef float T;
+    static __device__ __forceinline__ void one(T* o, float a) { *o = a; }
+    static __device__ __forceinline__ void two(T* o, float a, float b) { *reinterpret_cast<float2*>(o) = make_float2(a, b); }
+};
+template <> struct Store<1> {
+    typedef unsigned short T;
+    static __device__ __forceinline__ void one(T* o, float a) { *o = f16_bits(a); }
+    static __device__ __forceinline__ void two(T* o, float a, float b) {
+        *reinterpret_cast<unsigned int*>(o) = (unsigned int)f16_bits(a) | ((unsigned int)f16_bits(b) << 16);
+    }
+};
+template <> struct Store<2> {
+    typedef unsigned short T;
+    static __device__ __forceinline__ void one(T* o, float a) { *o = bf16_bits(a); }
+    static __device__ __forceinline__ void two(T* o, float a, float b) {
+        *reinterpret_cast<unsigned int*>(o) = (unsigned int)bf16_bits(a) | ((unsigned int)bf16_bits(b) << 16);
+    }
+};
+
 // Standard normal float32 values from a counter-based generator (splitmix64 of seed + pair
-// index, Box-Muller), optionally out = z * scale[row] + shift[row] for rows of row_len.
+// index, Box-Muller), optionally out = z * scale[row] + shift[row] for rows of row_len,
+// written in the storage type of Store<K> (rounded once, from the float32 value).
 __device__ __forceinline__ u64 splitmix64(u64 z) {
     z += 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -151,9 +187,9 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
     return z ^ (z >> 31);
 }
 
-extern "C" __global__ void normal_f32(float* __restrict__ out, long long n, u64 seed,
-                                      const float* __restrict__ scale, const float* __restrict__ shift,
-                                      long long row_len) {
+template <int K>
+__global__ void normal_into(typename Store<K>::T* __restrict__ out, long long n, u64 seed,
+                            const float* __restrict__ scale, const float* __restrict__ shift, long long row_len) {
     long long pairs = (n + 1) >> 1;
     long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long stride = (long long)gridDim.x * blockDim.x;
@@ -162,6 +198,7 @@ extern "C" __global__ void normal_f32(float* __restrict__ out, long long n, u64 
     // element (2 * stride = dq rows + dr columns, dr < row_len).
     const bool per_row = scale != nullptr || shift != nullptr;
     long long row = 0, col = 0, dq = 0, dr = 0;
+    const bool vec = (((unsigned long long)out) & (2 * sizeof(typename Store<K>::T) - 1)) == 0;
     if (per_row) {
         row = (2 * p) / row_len; col = 2 * p - row * row_len;
         dq = (2 * stride) / row_len; dr = 2 * stride - dq * row_len;
@@ -189,8 +226,12 @@ extern "C" __global__ void normal_f32(float* __restrict__ out, long long n, u64 
             col += dr; row += dq;
             if (col >= row_len) { col -= row_len; row += 1; }
         }
-        if (both) *reinterpret_cast<float2*>(out + i) = make_float2(v[0], v[1]);  // i even: 8-byte aligned
-        else out[i] = v[0];
+        if (both && vec) {
+            Store<K>::two(out + i, v[0], v[1]);  // i even: aligned as out is
+        } else {
+            Store<K>::one(out + i, v[0]);
+            if (both) Store<K>::one(out + i + 1, v[1]);
+        }
     }
 }
 
@@ -205,7 +246,12 @@ _KINDS = {"float32": 0, "float16": 1, "bfloat16": 2, "float64": 3}
 #: Problem dtypes whose outputs :meth:`Fused.compare_norms` reads from storage.
 FUSED_DTYPES = frozenset(_KINDS)
 _REFS = {"float32": "float", "float64": "double"}
-_NAMES = tuple(f"compare_norms<{k}, {r}>" for k in range(4) for r in ("float", "double"))
+#: Storage kinds :meth:`Fused.normal` writes (``Store<K>`` in :data:`SOURCE`).
+_NORMAL_KINDS = {"float32": 0, "float16": 1, "bfloat16": 2}
+#: Problem dtypes :meth:`Fused.normal` can write straight into.
+NORMAL_DTYPES = frozenset(_NORMAL_KINDS)
+_NAMES = tuple(f"compare_norms<{k}, {r}>" for k in range(4) for r in ("float", "double")) + tuple(
+    f"normal_into<{k}>" for k in range(3))
 
 
 class Fused:
@@ -279,15 +325,40 @@ class Fused:
             self._fn("f32_to_bf16")((self._grid(n),), (BLOCK,), (x, y, cp.int64(n)))
         return y
 
-    def normal(self, seed: int, shape: tuple[int, ...], scale: Any = None, shift: Any = None) -> Any:
-        """Standard normal float32 array of ``shape`` from ``seed`` (one pass, counter-based).
+    def normal(self, seed: int, shape: tuple[int, ...], scale: Any = None, shift: Any = None, *,
+               dtype: str = "float32", out: Any = None) -> Any:
+        """Standard normal values of ``shape`` from ``seed`` (one pass, counter-based).
 
         ``scale`` / ``shift``: optional float32 vectors of ``shape[0]`` applied per row
-        (``z * scale[i] + shift[i]``).
+        (``z * scale[i] + shift[i]``). The float32 values are the same whatever ``dtype``;
+        ``dtype`` (float32, float16 or bfloat16) rounds them once into its storage
+        (float32, float16, bfloat16 bits as uint16), the bits ``to_storage`` gives.
+
+        Args:
+            seed: The generator's seed (its low 64 bits).
+            shape: Output shape; rows are ``shape[0]``.
+            scale: Optional per-row multipliers.
+            shift: Optional per-row offsets, added after scaling.
+            dtype: Storage to write.
+            out: A C-contiguous array of that storage with ``prod(shape)`` elements to write
+                into (any shape); a new array of ``shape`` when omitted.
+
+        Raises:
+            ValueError: an unknown ``dtype``, an ``out`` of the wrong type or size, or
+                per-row vectors without one value per row.
         """
         cp = self.cp
-        out = cp.empty(shape, dtype=cp.float32)
-        n = int(out.size)
+        if dtype not in _NORMAL_KINDS:
+            raise ValueError(f"normal: dtype {dtype!r} is not one of {sorted(_NORMAL_KINDS)}")
+        store = "float32" if dtype == "float32" else ("float16" if dtype == "float16" else "uint16")
+        n = 1
+        for d in shape:
+            n *= int(d)
+        if out is None:
+            out = cp.empty(shape, dtype=store)
+        elif out.dtype != store or out.size != n or not out.flags.c_contiguous:
+            raise ValueError(f"normal: out must be C-contiguous {store} with {n} elements for {dtype} values, "
+                             f"got {out.dtype} x {out.size}")
         row_len = max(1, n // shape[0]) if shape and shape[0] else 1
         rows = shape[0] if shape else 1
         ptrs: list[Any] = []
@@ -302,7 +373,7 @@ class Fused:
         if n:
             grid = max(1, min(GRID * 8, -(-((n + 1) // 2) // BLOCK)))
             args = (out, cp.int64(n), cp.uint64(int(seed) & (2**64 - 1)), ptrs[0], ptrs[1], cp.int64(row_len))
-            self._fn("normal_f32")((grid,), (BLOCK,), args)
+            self._fn(f"normal_into<{_NORMAL_KINDS[dtype]}>")((grid,), (BLOCK,), args)
         return out
 
     def bf16_to_f32(self, bits: Any) -> Any:

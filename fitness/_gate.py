@@ -61,6 +61,7 @@ from fitness._device import (
 )
 from fitness._dtypes import checksum, from_storage, is_float, poison, store_into, upcast
 from fitness._fused import FUSED_DTYPES, fused_for
+from fitness._inputs import NormalDraw
 from fitness._plan import batch_count, batch_size, batch_time, raced_out, rotation_sets
 from fitness._stage import INCUMBENTS, Job, Stage, StageContext, StageResult
 
@@ -339,7 +340,7 @@ def _fill_inputs(backend: Backend, problem: Problem, case: Case, cs: _CaseSet, s
 
     With ``phases``, the three parts are timed apart (device-synchronised): ``inputs/draw``
     (make_inputs), ``inputs/store`` (the values converted to the buffers' storage types and
-    written in) and ``inputs/sums`` (the checksums :func:`_integrity` compares after launches).
+    written in; a :class:`~fitness.NormalDraw` is drawn here, straight into its buffer) and ``inputs/sums`` (the checksums :func:`_integrity` compares after launches).
     ``sums=False`` leaves the checksums out (and clears the set's old ones) for contents that
     no integrity check will read: the Timing stage's warm-up inputs.
     """
@@ -356,7 +357,14 @@ def _fill_inputs(backend: Backend, problem: Problem, case: Case, cs: _CaseSet, s
             if name not in values:
                 raise ProblemError(f"make_inputs({case.key}) returned no array for input {name!r} "
                                    f"(got {sorted(values)})")
-            arr = xp.asarray(values[name]).reshape(-1)
+            value = values[name]
+            if isinstance(value, NormalDraw):  # drawn now, straight into the buffer's storage
+                if value.size != buf.spec.numel:
+                    raise ProblemError(f"make_inputs({case.key})[{name!r}] draws {value.size} values, "
+                                       f"signature says {buf.spec.numel}")
+                value.store_into(buf.array, buf.spec.dtype, xp)
+                continue
+            arr = xp.asarray(value).reshape(-1)
             if arr.size != buf.spec.numel:
                 raise ProblemError(f"make_inputs({case.key})[{name!r}] has {arr.size} elements, "
                                    f"signature says {buf.spec.numel}")

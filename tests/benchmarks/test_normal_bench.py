@@ -27,6 +27,8 @@ def test_parse_shapes() -> None:
 def test_bad_arguments_are_clear_errors() -> None:
     with pytest.raises(SystemExit, match="--repeats must be 1 or more"):
         normal_bench.main(["--repeats", "0"])
+    with pytest.raises(SystemExit, match=r"unknown dtype\(s\) \['int8'\]"):
+        normal_bench.main(["--store", "bfloat16,int8"])
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the message on a machine without a GPU")
@@ -58,6 +60,6 @@ def test_current_generator_draws_the_first_forms_bits(shape: tuple[int, ...], pe
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
 def test_small_run_prints_same_bits(capsys: pytest.CaptureFixture[str]) -> None:
-    assert normal_bench.main(["--shapes", "1000x1001,77", "--repeats", "2"]) == 0
+    assert normal_bench.main(["--shapes", "1000x1001,77", "--repeats", "2", "--store", "bfloat16,float16"]) == 0
     out = capsys.readouterr().out
-    assert out.count("same bits: True") == 2
+    assert out.count("same bits: True") == 6 and "same bits: False" not in out

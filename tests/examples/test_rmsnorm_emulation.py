@@ -456,13 +456,14 @@ def test_backward_persistent_every_element_once(p: dict, esz: int) -> None:
     for chunked rows that fit the registers, rows that do not, odd N, M below the grid, and
     reducers with fewer columns than threads (the partials split over groups of threads)."""
     from examples.rmsnorm_problem import bwd_make_inputs, bwd_reference
+    from fitness import materialize
 
     params = {"ALGO": 1, "SMEM_DW": 1, **p}
     rng = np.random.default_rng(3)
     for m, n, aligned in [(1, 7, True), (5, 1024, True), (300, 4096, True), (70, 40968, True), (9, 1000, False),
                           (6, 1026, True), (600, 1024, True), (600, 40, True)]:
         case = Case({"M": m, "N": n}, "float32")
-        inp = bwd_make_inputs(case, rng, np)
+        inp = materialize(bwd_make_inputs(case, rng, np))
         x, dy = inp["x"].reshape(m, n).astype(np.float64), inp["dy"].reshape(m, n).astype(np.float64)
         dx, dw, writes, reads = emulate_backward(x, inp["w"].astype(np.float64), dy, inp["rstd"].astype(np.float64),
                                                  params, esz, aligned)

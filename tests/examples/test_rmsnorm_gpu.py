@@ -24,6 +24,7 @@ import pytest
 
 from evo.types import Case, Genome, Problem
 from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
+from fitness import materialize
 
 pytestmark = pytest.mark.gpu
 
@@ -57,6 +58,15 @@ def _kernel(prob: Problem, genome: Genome) -> Any:
     return _KERNELS[genome.id][1]
 
 
+def _flat(values: dict) -> dict:
+    return {k: v.reshape(-1) for k, v in values.items()}
+
+
+def _inputs(prob: Problem, case: Case, rng: np.random.Generator, xp: Any) -> dict:
+    """``make_inputs`` drawn (deferred draws too) and flattened: float32 arrays by name."""
+    return _flat(materialize(prob.make_inputs(case, rng, xp), xp))
+
+
 def _store(cp, a, dtype: str):
     """float32 array -> device array in the storage dtype (bf16 as uint16, round to nearest even)."""
     a = cp.asarray(a, dtype=cp.float32)
@@ -82,7 +92,7 @@ def run_case(prob: Problem, genome: Genome, case: Case, seed: int = 0,
     larger allocation, i.e. not 16-byte aligned (as a user's tensor slice may be)."""
     import cupy as cp
 
-    raw = prob.make_inputs(case, np.random.default_rng(seed), cp)
+    raw = _inputs(prob, case, np.random.default_rng(seed), cp)
     outs, ref = launch_case(prob, genome, case, raw, offsets)
     errs = {}
     for name, out in outs.items():
@@ -158,7 +168,7 @@ def test_reference_on_the_device_matches_numpy(cuda_device) -> None:
 
     for i, shape in enumerate(SMALL + [{"M": 300, "N": 3000}]):
         case = Case(shape, "float32")
-        inp = fwd_make_inputs(case, np.random.default_rng(i), np)
+        inp = _flat(materialize(fwd_make_inputs(case, np.random.default_rng(i), np), np))
         want = fwd_reference(inp, case, np)["y"]
         dev = {k: cp.asarray(v) for k, v in inp.items()}
         got = fwd_reference(dev, case, cp)["y"]
@@ -509,7 +519,7 @@ def test_backward_tree(cuda_device, tree: int) -> None:
     for g in genomes:
         _check(prob, g, shapes)
         case = Case({"M": 5000, "N": 2048}, "bfloat16")
-        raw = prob.make_inputs(case, np.random.default_rng(7), cp)
+        raw = _inputs(prob, case, np.random.default_rng(7), cp)
         first, _ = launch_case(prob, g, case, raw)
         again, _ = launch_case(prob, g, case, raw)
         assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
@@ -545,7 +555,7 @@ def test_backward_dispatch_supplies_the_workspace(cuda_device, tmp_path) -> None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     case = Case({"M": 512, "N": 1024}, "float32")
-    raw = prob.make_inputs(case, np.random.default_rng(3), cp)
+    raw = _inputs(prob, case, np.random.default_rng(3), cp)
     ins = {k: cp.asarray(v, dtype=cp.float32) for k, v in raw.items()}
     ref = prob.reference(ins, case, cp)
     for _ in range(2):
@@ -626,7 +636,7 @@ def test_forward_resident_grid_in_the_dispatch(cuda_device, tmp_path) -> None:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     case = Case(shape, "float32")
-    raw = prob.make_inputs(case, np.random.default_rng(5), cp)
+    raw = _inputs(prob, case, np.random.default_rng(5), cp)
     ins = {k: cp.asarray(v, dtype=cp.float32) for k, v in raw.items()}
     want = cp.asarray(prob.reference(ins, case, cp)["y"])
     for _ in range(2):
@@ -664,7 +674,7 @@ def test_dispatch_runs_the_exported_cubin_else_nvrtc(cuda_device, tmp_path) -> N
 
     def check(mod: Any, dtype: str) -> None:
         case = Case(shape, dtype)
-        raw = prob.make_inputs(case, np.random.default_rng(7), cp)
+        raw = _inputs(prob, case, np.random.default_rng(7), cp)
         x, w = _store(cp, raw["x"], dtype), _store(cp, raw["w"], "float32")
         want = cp.asarray(prob.reference({"x": _load(cp, x, dtype), "w": w}, case, cp)["y"], dtype=cp.float32)
         y = _store(cp, cp.full(x.size, cp.nan, dtype=cp.float32), dtype)

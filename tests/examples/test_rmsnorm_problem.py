@@ -30,6 +30,7 @@ from examples.rmsnorm_problem import (
     pipe_weight_bytes,
     rmsnorm_numpy,
 )
+from fitness import NormalDraw, materialize
 
 
 def test_forward_problem_validates_and_pickles() -> None:
@@ -172,8 +173,10 @@ def test_signature_scalars_bytes() -> None:
 @pytest.mark.parametrize("shape", [{"M": 1, "N": 1}, {"M": 3, "N": 7}, {"M": 33, "N": 4099}])
 def test_forward_reference_matches_float64(shape: dict) -> None:
     case = Case(shape, "float32")
-    inp = fwd_make_inputs(case, np.random.default_rng(3), np)
-    assert inp["x"].shape == (shape["M"] * shape["N"],) and inp["w"].shape == (shape["N"],)
+    raw = fwd_make_inputs(case, np.random.default_rng(3), np)
+    assert isinstance(raw["x"], NormalDraw) and raw["x"].shape == (shape["M"], shape["N"])
+    inp = materialize(raw, np)
+    assert inp["x"].shape == (shape["M"], shape["N"]) and inp["w"].shape == (shape["N"],)
     assert np.isfinite(inp["x"]).all()
     y = fwd_reference(inp, case, np)["y"]
     want = rmsnorm_numpy(inp["x"].reshape(shape["M"], shape["N"]), inp["w"]).reshape(-1)
@@ -184,8 +187,8 @@ def test_forward_reference_matches_float64(shape: dict) -> None:
 
 def test_inputs_have_heavy_rows_and_fresh_draws() -> None:
     case = Case({"M": 400, "N": 64}, "float32")
-    a = fwd_make_inputs(case, np.random.default_rng(4), np)["x"].reshape(400, 64)
-    b = fwd_make_inputs(case, np.random.default_rng(5), np)["x"].reshape(400, 64)
+    a = materialize(fwd_make_inputs(case, np.random.default_rng(4), np))["x"]
+    b = materialize(fwd_make_inputs(case, np.random.default_rng(5), np))["x"]
     rms = np.sqrt((a.astype(np.float64) ** 2).mean(axis=1))
     assert rms.max() > 4 and rms.min() < 0.01 and not np.array_equal(a, b)
     assert np.abs(a).max() < 60000  # fits float16 storage
@@ -196,7 +199,7 @@ def test_backward_problem_and_reference() -> None:
     assert prob.seeds and prob.params.is_valid(prob.seeds[0].params)
     m, n = 9, 13
     case = Case({"M": m, "N": n}, "float32")
-    inp = bwd_make_inputs(case, np.random.default_rng(6), np)
+    inp = materialize(bwd_make_inputs(case, np.random.default_rng(6), np))
     out = bwd_reference(inp, case, np)
     # finite differences of L = sum(dy * y) through the forward
     x = inp["x"].reshape(m, n).astype(np.float64)

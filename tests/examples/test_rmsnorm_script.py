@@ -69,9 +69,10 @@ def test_torch_reference_backward_matches_the_problem_reference() -> None:
     from evo.types import Case
     from examples.rmsnorm_h100 import rmsnorm_backward_torch
     from examples.rmsnorm_problem import bwd_make_inputs, bwd_reference
+    from fitness import materialize
 
     case = Case({"M": 7, "N": 33}, "float32")
-    inputs = bwd_make_inputs(case, np.random.default_rng(0), np)
+    inputs = materialize(bwd_make_inputs(case, np.random.default_rng(0), np))
     want = bwd_reference(inputs, case, np)
     t = {k: torch.from_numpy(np.asarray(v)) for k, v in inputs.items()}
     dx, dw = rmsnorm_backward_torch(t["x"].reshape(7, 33), t["w"], t["dy"].reshape(7, 33), t["rstd"])

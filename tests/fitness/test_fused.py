@@ -23,10 +23,16 @@ def test_fused_is_none_for_numpy():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_fused_source_compiles_with_nvcc(tmp_path):
+    compares = [n for n in _NAMES if n.startswith("compare_norms<")]
+    normals = [n for n in _NAMES if n.startswith("normal_into<")]
+    assert len(compares) == 8 and normals == ["normal_into<0>", "normal_into<1>", "normal_into<2>"]
     inst = "\n".join(
         f"template __global__ void compare_norms<{n.split('<')[1].split(',')[0]}, {n.split(', ')[1].rstrip('>')}>("
         f"const typename Load<{n.split('<')[1].split(',')[0]}>::T*, const {n.split(', ')[1].rstrip('>')}*, "
-        "long long, double*, u64*);" for n in _NAMES)
+        "long long, double*, u64*);" for n in compares)
+    inst += "\n" + "\n".join(
+        f"template __global__ void normal_into<{k}>(typename Store<{k}>::T*, long long, u64, const float*, "
+        "const float*, long long);" for k in range(3))
     src = tmp_path / "fused.cu"
     src.write_text(SOURCE + "\n" + inst + "\n")
     proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "fused.cubin"),
@@ -146,3 +152,45 @@ def test_gpu_fused_normal_statistics_scale_and_seed():
     assert bool(cp.allclose(y, x * scale[:, None] + 1.0))
     # the heavy tail exists: Box-Muller from 24-bit uniforms reaches about 5.6 sigma
     assert 4.0 < float(cp.abs(x).max()) < 6.0
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(1000, 1001), (3000, 3001), (7,), (5, 1), (1, 9)])
+def test_gpu_deferred_draw_stores_the_bits_of_its_values(dtype, shape):
+    import cupy as cp
+
+    from fitness import normal_draw
+    from fitness._dtypes import storage_dtype, store_into
+
+    rows = shape[0]
+    draw = normal_draw(17, shape, scale=cp.linspace(1e-3, 60.0, rows, dtype=cp.float32),
+                       shift=cp.linspace(-2.0, 2.0, rows, dtype=cp.float32))
+    n = draw.size
+    want = cp.empty(n, dtype=storage_dtype(dtype))
+    store_into(want, draw.values(cp).reshape(-1), dtype, cp)
+    bits = f"u{want.itemsize}"
+    aligned = cp.zeros(n, dtype=storage_dtype(dtype))
+    draw.store_into(aligned, dtype, cp)  # the fused path, paired stores
+    assert bool(cp.array_equal(aligned.view(bits), want.view(bits)))
+    whole = cp.zeros(n + 2, dtype=storage_dtype(dtype))
+    draw.store_into(whole[1:n + 1], dtype, cp)  # one element off alignment: single stores
+    assert bool(cp.array_equal(whole[1:n + 1].view(bits), want.view(bits)))
+    assert int(whole.view(bits)[0]) == 0 and int(whole.view(bits)[-1]) == 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_fused_normal_rejects_bad_out_and_dtype():
+    import cupy as cp
+
+    from fitness._fused import fused_for
+
+    fused = fused_for(cp)
+    with pytest.raises(ValueError, match="dtype 'float64' is not one of"):
+        fused.normal(1, (4, 4), dtype="float64")
+    with pytest.raises(ValueError, match="out must be C-contiguous uint16 with 16 elements"):
+        fused.normal(1, (4, 4), dtype="bfloat16", out=cp.empty(16, dtype=cp.float32))
+    with pytest.raises(ValueError, match="out must be C-contiguous"):
+        fused.normal(1, (4, 4), dtype="float32", out=cp.empty(32, dtype=cp.float32)[::2])

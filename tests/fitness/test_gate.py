@@ -327,6 +327,34 @@ def test_problem_errors_are_raised_not_blamed_on_the_genome():
         run_stage(Correctness(), "good", problem=p)
 
 
+def _drawn_inputs(case, rng, xp):
+    from fitness import normal_draw
+
+    m, n = case["M"], case["N"]
+    return {"x": normal_draw(rng, (m, n), scale=np.full(m, 2.0, dtype=np.float32)),
+            "w": xp.ones(n, dtype=xp.float32)}
+
+
+def _short_draw(case, rng, xp):
+    from fitness import normal_draw
+
+    return {"x": normal_draw(rng, (case["M"] * case["N"] - 1,)), "w": xp.ones(case["N"], dtype=xp.float32)}
+
+
+def test_deferred_draw_inputs_are_stored_and_checked_like_arrays():
+    p = dataclasses.replace(small_problem(), make_inputs=_drawn_inputs)
+    res, _ = run_stage(Correctness(), "good", problem=p)
+    assert res.ok, res.artifacts
+    res, _ = run_stage(Correctness(), "zeros", problem=p)
+    assert not res.ok and res.status == Status.INCORRECT
+    res, _ = run_stage(Correctness(), "mutate", problem=p)  # the stored draw's checksum guards it
+    assert not res.ok and "modified its input 'x'" in res.artifacts["mismatch"]
+    res, _ = run_stage(Timing(), "good", problem=p)
+    assert res.ok, res.artifacts
+    with pytest.raises(ProblemError, match=r"draws \d+ values, signature says \d+"):
+        run_stage(Correctness(), "good", problem=dataclasses.replace(p, make_inputs=_short_draw))
+
+
 # --------------------------------------------------------------------------- timing on the CPU
 
 
