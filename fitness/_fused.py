@@ -187,6 +187,22 @@ __device__ __forceinline__ u64 splitmix64(u64 z) {
     return z ^ (z >> 31);
 }
 
+// Rows of a thread's elements as it walks pairs p, p + stride, ...: element 2p lies at (row, col)
+// of rows of len elements; each step adds 2 * stride = dq rows + dr columns (dr < len), so there
+// is no division per pair. Host-callable: the CPU tests walk it against i / len.
+struct RowWalk {
+    long long row, col, dq, dr, len;
+    __host__ __device__ RowWalk(long long p, long long stride, long long row_len) : len(row_len) {
+        row = (2 * p) / len; col = 2 * p - row * len;
+        dq = (2 * stride) / len; dr = 2 * stride - dq * len;
+    }
+    __host__ __device__ long long second() const { return col + 1 == len ? row + 1 : row; }  // row of 2p + 1
+    __host__ __device__ void step() {
+        col += dr; row += dq;
+        if (col >= len) { col -= len; row += 1; }
+    }
+};
+
 template <int K>
 __global__ void normal_into(typename Store<K>::T* __restrict__ out, long long n, u64 seed,
                             const float* __restrict__ scale, const float* __restrict__ shift, long long row_len) {
@@ -194,15 +210,9 @@ __global__ void normal_into(typename Store<K>::T* __restrict__ out, long long n,
     long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long stride = (long long)gridDim.x * blockDim.x;
     if (p >= pairs) return;
-    // Row and column of element 2p, stepped along the grid stride without a division per
-    // element (2 * stride = dq rows + dr columns, dr < row_len).
     const bool per_row = scale != nullptr || shift != nullptr;
-    long long row = 0, col = 0, dq = 0, dr = 0;
     const bool vec = (((unsigned long long)out) & (2 * sizeof(typename Store<K>::T) - 1)) == 0;
-    if (per_row) {
-        row = (2 * p) / row_len; col = 2 * p - row * row_len;
-        dq = (2 * stride) / row_len; dr = 2 * stride - dq * row_len;
-    }
+    RowWalk walk(p, stride, row_len);
     for (; p < pairs; p += stride) {
         u64 z = splitmix64(seed ^ splitmix64((u64)p));
         float u1 = ((float)(z >> 40) + 1.0f) * 5.9604644775390625e-08f;  // (0, 1]
@@ -214,7 +224,7 @@ __global__ void normal_into(typename Store<K>::T* __restrict__ out, long long n,
         long long i = 2 * p;
         bool both = i + 1 < n;
         if (per_row) {
-            long long rows[2] = {row, col + 1 == row_len ? row + 1 : row};
+            long long rows[2] = {walk.row, walk.second()};
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 if (h == 1 && !both) break;
@@ -223,8 +233,7 @@ __global__ void normal_into(typename Store<K>::T* __restrict__ out, long long n,
                 if (shift) x += shift[rows[h]];
                 v[h] = x;
             }
-            col += dr; row += dq;
-            if (col >= row_len) { col -= row_len; row += 1; }
+            walk.step();
         }
         if (both && vec) {
             Store<K>::two(out + i, v[0], v[1]);  // i even: aligned as out is

@@ -194,3 +194,53 @@ def test_gpu_fused_normal_rejects_bad_out_and_dtype():
         fused.normal(1, (4, 4), dtype="bfloat16", out=cp.empty(16, dtype=cp.float32))
     with pytest.raises(ValueError, match="out must be C-contiguous"):
         fused.normal(1, (4, 4), dtype="float32", out=cp.empty(32, dtype=cp.float32)[::2])
+
+
+_WALK_MAIN = r"""
+#include <cstdio>
+// Every thread's walk (pairs p = t, t + stride, ...) against division: each element written once,
+// never past n, and its row is i / len.
+static int walk(long long n, long long len, long long stride) {
+    long long pairs = (n + 1) >> 1;
+    static unsigned char seen[1 << 20];
+    for (long long i = 0; i < n; ++i) seen[i] = 0;
+    for (long long t = 0; t < stride && t < pairs; ++t) {
+        RowWalk w(t, stride, len);
+        for (long long p = t; p < pairs; p += stride) {
+            long long i = 2 * p;
+            if (w.row != i / len || w.col != i % len) { printf("n=%lld len=%lld stride=%lld p=%lld: row %lld col %lld\n", n, len, stride, p, w.row, w.col); return 1; }
+            if (i + 1 < n && w.second() != (i + 1) / len) { printf("n=%lld len=%lld: second row of p=%lld\n", n, len, p); return 1; }
+            seen[i] += 1;
+            if (i + 1 < n) seen[i + 1] += 1;
+            w.step();
+        }
+    }
+    for (long long i = 0; i < n; ++i) if (seen[i] != 1) { printf("n=%lld len=%lld stride=%lld: element %lld written %d times\n", n, len, stride, i, (int)seen[i]); return 1; }
+    return 0;
+}
+int main() {
+    const long long lens[] = {1, 2, 3, 7, 64, 255, 256, 1000, 1001, 4099};
+    const long long strides[] = {1, 2, 3, 5, 32, 255, 256, 1000, 2048, 4097};
+    int bad = 0;
+    for (long long len : lens)
+        for (long long rows : {1LL, 2LL, 3LL, 17LL, 100LL})
+            for (long long stride : strides) {
+                long long n = len * rows;
+                if (n <= (1 << 20)) bad |= walk(n, len, stride);
+            }
+    puts(bad ? "FAIL" : "OK");
+    return bad;
+}
+"""
+
+
+def test_generator_row_walk_matches_division_on_the_host(tmp_path):
+    # RowWalk is the generator's own code (host-callable), compiled with nvcc and run on the CPU.
+    src = tmp_path / "walk.cu"
+    src.write_text(SOURCE + "\n" + _WALK_MAIN)
+    exe = tmp_path / "walk"
+    proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-o", str(exe), str(src)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout[-2000:]
