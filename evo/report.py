@@ -547,8 +547,8 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
             md += [_phase_line(ph) for ph in timing["phases"]]
             if timing.get("phase_parts"):
                 md += ["", "Parts of a phase, timed inside it (share: of that phase; for the inputs: allocating the "
-                       "buffers, drawing the values, storing them in the buffers' types, their checksums, "
-                       "poisoning the outputs):", "",
+                       "buffers, drawing the values, storing them in the buffers' types (a deferred draw is drawn "
+                       "there), their checksums, poisoning the outputs):", "",
                        "| part | evaluations | total (s) | per evaluation (s) | share of its phase |",
                        "| --- | ---: | ---: | ---: | ---: |"]
                 md += [_phase_line(ph) for ph in timing["phase_parts"]]
