@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 
@@ -22,7 +23,8 @@ def test_fused_is_none_for_numpy():
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
-def test_fused_source_compiles_with_nvcc(tmp_path):
+def _instantiations() -> str:
+    """Explicit instantiations of the templates CuPy names (``_NAMES``), for plain compilers."""
     compares = [n for n in _NAMES if n.startswith("compare_norms<")]
     normals = [n for n in _NAMES if n.startswith("normal_into<")]
     assert len(compares) == 8 and normals == ["normal_into<0>", "normal_into<1>", "normal_into<2>"]
@@ -30,15 +32,44 @@ def test_fused_source_compiles_with_nvcc(tmp_path):
         f"template __global__ void compare_norms<{n.split('<')[1].split(',')[0]}, {n.split(', ')[1].rstrip('>')}>("
         f"const typename Load<{n.split('<')[1].split(',')[0]}>::T*, const {n.split(', ')[1].rstrip('>')}*, "
         "long long, double*, u64*);" for n in compares)
-    inst += "\n" + "\n".join(
+    return inst + "\n" + "\n".join(
         f"template __global__ void normal_into<{k}>(typename Store<{k}>::T*, long long, u64, const float*, "
         "const float*, long long);" for k in range(3))
+
+
+def test_fused_source_compiles_with_nvcc(tmp_path):
+    inst = _instantiations()
     src = tmp_path / "fused.cu"
     src.write_text(SOURCE + "\n" + inst + "\n")
     proc = subprocess.run(["nvcc", "-std=c++17", "-arch=sm_90a", "-cubin", "-o", str(tmp_path / "fused.cubin"),
                            str(src)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "fused.cubin").stat().st_size > 0
+
+
+def _nvrtc_usable() -> bool:
+    import importlib.util
+
+    from fitness import toolkit_version
+
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        toolkit_version("nvrtc")
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _nvrtc_usable(), reason="cupy or libnvrtc not available")
+def test_fused_source_compiles_with_nvrtc_as_cupy_builds_it():
+    # CuPy builds the module with NVRTC (no include paths, C++17); no spills in any kernel.
+    from fitness import compile_source
+
+    r = compile_source(SOURCE + "\n" + _instantiations(), entry="checksum_u32", options=("--std=c++17",),
+                       backend="nvrtc")
+    assert r.ok, r.log
+    assert "bytes spill stores" in r.log and not re.search(r"[1-9]\d* bytes spill stores", r.log)
 
 
 def _values(rng: np.random.Generator, n: int) -> np.ndarray:
