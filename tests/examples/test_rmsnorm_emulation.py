@@ -417,13 +417,31 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
             dx[row, c] = r * dy[row, c] * w[c] - x[row, c] * r ** 3 * dot / n
             np.add.at(writes[row], c, 1)
             np.add.at(parts[b], c, dy[row, c] * x[row, c] * r)
-    k = min(reducers, g, max(1, g // (2 * p["CTAS_PER_SM"])))  # the kernel's bound on waiting CTAs
+    reads = np.zeros((g, n), dtype=int)
+    # TREE S: each group of S consecutive CTAs (the last one shorter) is summed in CTA order by its
+    # last CTA into its first row; the reducers then read only those Gn rows (row q * S of group q).
+    tree = int(p.get("TREE", 0))
+    size_s = tree if tree > 0 else 1
+    gn = -(-g // size_s)
+    if tree > 0:
+        for q in range(gn):
+            first, size = q * tree, min(tree, g - q * tree)
+            total = parts[first].copy()
+            for u in range(1, size):
+                total = total + parts[first + u]
+                parts[first + u] = 0.0  # cleared by the group's last CTA
+            reads[first:first + size] += 1
+            parts[first] = total
+        sums = parts[::tree][:gn]
+    else:
+        sums = parts
+    k = min(reducers, gn, max(1, g // (2 * p["CTAS_PER_SM"])))  # the kernel's bound on waiting CTAs
     sms = -(-g // p["CTAS_PER_SM"])
     assert k == 1 or 2 * k <= sms  # never more waiting CTAs than half the SMs the grid was sized for
-    reads = np.zeros((g, n), dtype=int)
+    sum_reads = np.zeros((gn, n), dtype=int)
     dw = np.full(n, np.nan)
-    for ticket in range(g - k, g):
-        s = ticket - (g - k)
+    for ticket in range(gn - k, gn):
+        s = ticket - (gn - k)
         lo, hi = n * s // k, n * (s + 1) // k
         lanes = 8  # column lanes: a power of two >= 8 covering the slice, at most threads
         while lanes < hi - lo and lanes < threads:
@@ -432,12 +450,15 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
         groups = threads // lanes  # partial groups
         for j0 in range(lo, hi, lanes):
             for j in range(j0, min(j0 + lanes, hi)):
-                sums = []
+                by_group = []
                 for grp in range(groups):  # group grp: partials grp, grp + groups, ... in order
-                    qs = list(range(grp, g, groups))
-                    sums.append(sum(parts[q, j] for q in qs))
-                    reads[qs, j] += 1
-                dw[j] = sum(sums)  # in group order
+                    qs = list(range(grp, gn, groups))
+                    by_group.append(sum(sums[q, j] for q in qs))
+                    sum_reads[qs, j] += 1
+                dw[j] = sum(by_group)  # in group order
+    assert (sum_reads == 1).all()  # every (group) sum reduced once
+    if tree == 0:
+        reads += sum_reads
     return dx, dw, writes, reads
 
 
@@ -449,12 +470,17 @@ def emulate_backward(x: np.ndarray, w: np.ndarray, dy: np.ndarray, rstd: np.ndar
     {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "REDUCERS": 32, "ROW_WARP": 1},
     {"THREADS": 256, "MAX_CHUNKS": 4, "CTAS_PER_SM": 2, "REDUCERS": 64, "ROW_WARP": 4},
     {"THREADS": 512, "MAX_CHUNKS": 2, "CTAS_PER_SM": 1, "REDUCERS": 8, "ROW_WARP": 2},
+    {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "REDUCERS": 64, "ROW_WARP": 2, "TREE": 8},
+    {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "REDUCERS": 64, "TREE": 4},
+    {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "REDUCERS": 32, "TREE": 16},
+    {"THREADS": 128, "MAX_CHUNKS": 1, "CTAS_PER_SM": 4, "REDUCERS": 8, "TREE": 16},
 ])
 @pytest.mark.parametrize("esz", [2, 4])
 def test_backward_persistent_every_element_once(p: dict, esz: int) -> None:
     """Every dx element written once, every dw column reduced once over every CTA's partial,
     for chunked rows that fit the registers, rows that do not, odd N, M below the grid, and
-    reducers with fewer columns than threads (the partials split over groups of threads)."""
+    reducers with fewer columns than threads (the partials split over groups of threads); with
+    TREE, every partial summed once into its group's sum and every group sum reduced once."""
     from examples.rmsnorm_problem import bwd_make_inputs, bwd_reference
     from fitness import materialize
 
