@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -29,8 +28,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from sidebyside import medians  # noqa: E402
 
 
 def parse_shapes(text: str) -> list[dict[str, int]]:
@@ -84,12 +86,14 @@ def compare_case(backend: Any, problem: Any, case: Any, repeats: int) -> dict[st
     fill_once(backend, problem, case, 1)  # compiles the fused kernels outside the timed repeats
     _, _, want = fill_once(backend, ways["arrays"], case, 77)
     _, _, got = fill_once(backend, ways["deferred"], case, 77)
+    # fill_once times only the fill (not the allocation of the set); a new seed per fill, as every
+    # evaluation draws anew; the ways alternate in order, as sidebyside.alternate runs them.
     times: dict[str, list[float]] = {k: [] for k in ways}
     order = list(ways.items())
     for r in range(repeats):
         for name, prob in order if r % 2 == 0 else order[::-1]:
             times[name].append(fill_once(backend, prob, case, 1000 + r)[0])
-    med = {k: statistics.median(v) for k, v in times.items()}
+    med = medians(times)
     return {"case": case.key, "arrays_s": med["arrays"], "deferred_s": med["deferred"],
             "arrays_range": [min(times["arrays"]), max(times["arrays"])],
             "deferred_range": [min(times["deferred"]), max(times["deferred"])],

@@ -20,16 +20,17 @@ values then ``store_into`` against the draw written straight into the buffer's s
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from sidebyside import alternate, medians, versus  # noqa: E402
 
 #: The generator's first form: the row of every element by a 64-bit division (the oracle).
 FIRST_FORM = r"""
@@ -118,14 +119,6 @@ def same_values(cp: Any, seed: int, shape: tuple[int, ...], *, per_row: bool = T
     return bool(cp.array_equal(now.view(cp.uint32), first.view(cp.uint32)))
 
 
-def _timed(fn: Callable[[], Any], sync: Callable[[], Any]) -> float:
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t0
-
-
 def compare(cp: Any, shape: tuple[int, ...], repeats: int, *, per_row: bool = True) -> str:
     """Both forms on ``shape``, alternating; a line of their times and whether the bits agree."""
     from fitness._fused import fused_for
@@ -142,22 +135,15 @@ def compare(cp: Any, shape: tuple[int, ...], repeats: int, *, per_row: bool = Tr
     n = 1
     for d in shape:
         n *= d
-    times: dict[str, list[float]] = {"first": [], "current": []}
     order: list[tuple[str, Callable[[], Any]]] = [
         ("first", lambda: first_form(cp, 7, shape, scale, shift)),
         ("current", lambda: fused.normal(7, shape, scale=scale, shift=shift)),
     ]
     for _, fn in order:  # compiles and allocates outside the timed repeats
         fn()
-    for r in range(repeats):
-        for name, fn in order if r % 2 == 0 else order[::-1]:
-            times[name].append(_timed(fn, sync))
-        cp.get_default_memory_pool().free_all_blocks()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    a, b = times["first"], times["current"]
-    return (f"first {min(a):.4f}-{max(a):.4f} s, current {min(b):.4f}-{max(b):.4f} s "
-            f"({n / med['current'] / 1e9:.1f} G elements/s), median ratio {med['first'] / med['current']:.2f}x, "
-            f"same bits: {same}")
+    times = alternate(order, repeats, sync, cp.get_default_memory_pool().free_all_blocks)
+    rate = n / medians(times)["current"] / 1e9
+    return f"{versus(times, 'first', 'current')} (current: {rate:.1f} G elements/s), same bits: {same}"
 
 
 def compare_store(cp: Any, shape: tuple[int, ...], dtype: str, repeats: int) -> str:
@@ -182,16 +168,9 @@ def compare_store(cp: Any, shape: tuple[int, ...], dtype: str, repeats: int) -> 
     straight()
     same = bool(cp.array_equal(want.view(bits), dst.view(bits)))
     del want
-    times: dict[str, list[float]] = {"values, then store": [], "straight": []}
-    order = [("values, then store", two_step), ("straight", straight)]
-    for r in range(repeats):
-        for name, fn in order if r % 2 == 0 else order[::-1]:
-            times[name].append(_timed(fn, sync))
-        cp.get_default_memory_pool().free_all_blocks()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    a, b = times["values, then store"], times["straight"]
-    return (f"values then store {min(a):.4f}-{max(a):.4f} s, straight into storage {min(b):.4f}-{max(b):.4f} s, "
-            f"median ratio {med['values, then store'] / med['straight']:.2f}x, same bits: {same}")
+    times = alternate([("values then store", two_step), ("straight into storage", straight)], repeats, sync,
+                      cp.get_default_memory_pool().free_all_blocks)
+    return f"{versus(times, 'values then store', 'straight into storage')}, same bits: {same}"
 
 
 def main(argv: list[str] | None = None) -> int:

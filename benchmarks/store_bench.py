@@ -16,24 +16,17 @@ Prints one line per size and dtype: min-max seconds of each path and the ratio o
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
-
-def _timed(fn: Callable[[], Any], sync: Callable[[], Any]) -> float:
-    sync()
-    t0 = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - t0
+from sidebyside import alternate, versus  # noqa: E402
 
 
 def _compare(cp: Any, values: Any, dtype: str, repeats: int, sync: Callable[[], Any]) -> str:
@@ -53,15 +46,8 @@ def _compare(cp: Any, values: Any, dtype: str, repeats: int, sync: Callable[[], 
     two_pass()
     same = bool(cp.array_equal(ref.view(cp.uint8), dst.view(cp.uint8)))
     del ref
-    times: dict[str, list[float]] = {"two passes": [], "store_into": []}
-    order = [("two passes", two_pass), ("store_into", one_pass)]
-    for r in range(repeats):
-        for name, fn in order if r % 2 == 0 else order[::-1]:
-            times[name].append(_timed(fn, sync))
-    med = {k: statistics.median(v) for k, v in times.items()}
-    two, one = times["two passes"], times["store_into"]
-    return (f"two passes {min(two):.4f}-{max(two):.4f} s, store_into {min(one):.4f}-{max(one):.4f} s, "
-            f"median ratio {med['two passes'] / med['store_into']:.2f}x, same bits: {same}")
+    times = alternate([("two passes", two_pass), ("store_into", one_pass)], repeats, sync)
+    return f"{versus(times, 'two passes', 'store_into')}, same bits: {same}"
 
 
 def main(argv: list[str] | None = None) -> int:

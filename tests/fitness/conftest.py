@@ -103,6 +103,24 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not o
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas not on PATH")
 
 
+def nvrtc_usable() -> bool:
+    """Whether CuPy is importable and libnvrtc answers (no GPU needed)."""
+    import importlib.util
+
+    from fitness import toolkit_version
+
+    if importlib.util.find_spec("cupy") is None:
+        return False
+    try:
+        toolkit_version("nvrtc")
+    except RuntimeError:
+        return False
+    return True
+
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc_usable(), reason="cupy or libnvrtc not available")
+
+
 def group_alive(pgid: int) -> list[int]:
     """Pids of processes in group ``pgid`` that are not dead (zombies count as dead).
 

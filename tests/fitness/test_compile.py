@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import time
@@ -18,7 +17,6 @@ from fitness import (
     compile_genome,
     compile_source,
     run_limited,
-    toolkit_version,
     truncate_log,
 )
 from tests.fitness.conftest import (
@@ -27,6 +25,7 @@ from tests.fitness.conftest import (
     group_alive,
     host_problem,
     needs_nvcc,
+    needs_nvrtc,
     needs_ptxas,
 )
 
@@ -156,19 +155,6 @@ def test_check_target_rejects_a_target_the_compiler_dropped(tmp_path):
 def test_unknown_backend_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown compile backend"):
         Compile("clang")
-
-
-def _nvrtc_usable() -> bool:
-    if importlib.util.find_spec("cupy") is None:
-        return False
-    try:
-        toolkit_version("nvrtc")
-    except RuntimeError:
-        return False
-    return True
-
-
-needs_nvrtc = pytest.mark.skipif(not _nvrtc_usable(), reason="cupy or libnvrtc not available")
 
 
 @needs_nvrtc

@@ -14,6 +14,7 @@ from fitness._device import gpu_available
 from fitness._dtypes import checksum, from_storage, storage_dtype, store_into, to_storage
 from fitness._fused import _NAMES, SOURCE, fused_for
 from fitness._gate import compare
+from tests.fitness.conftest import needs_nvrtc
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
 
@@ -47,21 +48,7 @@ def test_fused_source_compiles_with_nvcc(tmp_path):
     assert (tmp_path / "fused.cubin").stat().st_size > 0
 
 
-def _nvrtc_usable() -> bool:
-    import importlib.util
-
-    from fitness import toolkit_version
-
-    if importlib.util.find_spec("cupy") is None:
-        return False
-    try:
-        toolkit_version("nvrtc")
-    except RuntimeError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _nvrtc_usable(), reason="cupy or libnvrtc not available")
+@needs_nvrtc
 def test_fused_source_compiles_with_nvrtc_as_cupy_builds_it():
     # CuPy builds the module with NVRTC (no include paths, C++17); no spills in any kernel.
     from fitness import compile_source
