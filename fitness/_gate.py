@@ -340,7 +340,8 @@ def _fill_inputs(backend: Backend, problem: Problem, case: Case, cs: _CaseSet, s
 
     With ``phases``, the three parts are timed apart (device-synchronised): ``inputs/draw``
     (make_inputs), ``inputs/store`` (the values converted to the buffers' storage types and
-    written in; a :class:`~fitness.NormalDraw` is drawn here, straight into its buffer) and ``inputs/sums`` (the checksums :func:`_integrity` compares after launches).
+    written in; a :class:`~fitness.NormalDraw` is drawn here, straight into its buffer) and
+    ``inputs/sums`` (the checksums :func:`_integrity` compares after launches).
     ``sums=False`` leaves the checksums out (and clears the set's old ones) for contents that
     no integrity check will read: the Timing stage's warm-up inputs.
     """
