@@ -109,6 +109,15 @@ def to_storage(values: Any, dtype: str, xp: Any) -> Any:
         return xp.asarray(values).astype(storage_dtype(dtype).name)
 
 
+def check_destination(dst: Any, dtype: str, n: int) -> None:
+    """Raise ``ValueError`` unless ``dst`` is an array of ``storage_dtype(dtype)`` with ``n`` elements
+    (the check of :func:`store_into` and of :meth:`fitness.NormalDraw.store_into`)."""
+    want = storage_dtype(dtype)
+    if dst.dtype != want or dst.size != n:
+        raise ValueError(f"store_into: destination is {dst.dtype} x {dst.size}, needs {want} x {n} "
+                         f"for {dtype!r} values")
+
+
 def store_into(dst: Any, values: Any, dtype: str, xp: Any) -> None:
     """Write ``values`` rounded to the storage of ``dtype`` into ``dst``, in one pass.
 
@@ -125,10 +134,7 @@ def store_into(dst: Any, values: Any, dtype: str, xp: Any) -> None:
     Raises:
         ValueError: ``dst`` has the wrong dtype or element count.
     """
-    want = storage_dtype(dtype)
-    if dst.dtype != want or dst.size != values.size:
-        raise ValueError(f"store_into: destination is {dst.dtype} x {dst.size}, needs {want} x {values.size} "
-                         f"for {dtype!r} values")
+    check_destination(dst, dtype, values.size)
     if dtype == "bfloat16":
         fused = fused_for(xp)
         if fused is not None and dst.flags.c_contiguous:

@@ -27,6 +27,7 @@ the CPU test suite checks.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from typing import Any
 
@@ -356,13 +357,13 @@ class Fused:
             ValueError: an unknown ``dtype``, an ``out`` of the wrong type or size, or
                 per-row vectors without one value per row.
         """
+        from fitness._dtypes import storage_dtype  # _dtypes imports this module
+
         cp = self.cp
         if dtype not in _NORMAL_KINDS:
             raise ValueError(f"normal: dtype {dtype!r} is not one of {sorted(_NORMAL_KINDS)}")
-        store = "float32" if dtype == "float32" else ("float16" if dtype == "float16" else "uint16")
-        n = 1
-        for d in shape:
-            n *= int(d)
+        store = storage_dtype(dtype).name
+        n = math.prod(int(d) for d in shape)
         if out is None:
             out = cp.empty(shape, dtype=store)
         elif out.dtype != store or out.size != n or not out.flags.c_contiguous:

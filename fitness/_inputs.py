@@ -11,6 +11,7 @@ and writes 10).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,10 +61,7 @@ class NormalDraw:
     @property
     def size(self) -> int:
         """Number of values."""
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     def values(self, xp: Any = np) -> Any:
         """The float32 values as an ``xp`` array of :attr:`shape` (drawn now).
@@ -107,13 +105,10 @@ class NormalDraw:
             ValueError: ``dst`` has the wrong dtype or element count, or the per-row
                 vectors do not have one value per row.
         """
-        from fitness._dtypes import storage_dtype, store_into
+        from fitness._dtypes import check_destination, store_into
         from fitness._fused import NORMAL_DTYPES
 
-        want = storage_dtype(dtype)
-        if dst.dtype != want or dst.size != self.size:
-            raise ValueError(f"store_into: destination is {dst.dtype} x {dst.size}, needs {want} x {self.size} "
-                             f"for {dtype!r} values")
+        check_destination(dst, dtype, self.size)
         fused = fused_for(xp) if dtype in NORMAL_DTYPES else None
         if fused is not None and dst.flags.c_contiguous:
             fused.normal(self.seed, self.shape, scale=self.scale, shift=self.shift, dtype=dtype, out=dst)
