@@ -5,7 +5,7 @@ arrays, ``make_inputs`` draws float32 values and the harness then rounds them in
 (for a bfloat16 x: 4 bytes written, 4 read and 2 written per element); with a deferred draw
 (``fitness.normal_draw``) the harness draws x (and the backward's dy) straight into the buffer
 (2 bytes written). This runs the harness's own fill (``fitness._gate._fill_inputs``: draw,
-store, checksums) on one set of buffers per case, both ways in alternating order, and checks that
+store, checksums) into one set of buffers per case, both ways in alternating order, and checks that
 both store the same bits (the same seed must give the same inputs either way)::
 
     python benchmarks/inputs_bench.py                                  # forward, the 33 timed cases
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -32,22 +32,16 @@ for _p in (ROOT, ROOT / "benchmarks"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
-from sidebyside import medians  # noqa: E402
+import normal_bench  # noqa: E402
+from sidebyside import alternate, medians  # noqa: E402
 
 
 def parse_shapes(text: str) -> list[dict[str, int]]:
     """``"32768x1024,8192x262144"`` -> ``[{"M": 32768, "N": 1024}, ...]``; a clear error otherwise."""
-    out: list[dict[str, int]] = []
-    for part in text.split(","):
-        dims = part.strip().lower().split("x")
-        try:
-            m, n = (int(d) for d in dims)
-        except ValueError:
-            raise SystemExit(f"--shapes {text!r}: give MxN shapes, e.g. 32768x1024,8192x262144") from None
-        if m < 1 or n < 1:
-            raise SystemExit(f"--shapes {text!r}: M and N must be 1 or more")
-        out.append({"M": m, "N": n})
-    return out
+    shapes = normal_bench.parse_shapes(text)
+    if any(len(s) != 2 for s in shapes):
+        raise SystemExit(f"--shapes {text!r}: give MxN shapes, e.g. 32768x1024,8192x262144")
+    return [{"M": m, "N": n} for m, n in shapes]
 
 
 def eager(make_inputs: Callable[..., Mapping[str, Any]]) -> Callable[..., dict[str, Any]]:
@@ -60,45 +54,32 @@ def eager(make_inputs: Callable[..., Mapping[str, Any]]) -> Callable[..., dict[s
     return inputs
 
 
-def fill_once(backend: Any, problem: Any, case: Any, seed: int) -> tuple[float, dict[str, float], dict[str, int]]:
-    """One fill of a new buffer set the way the Timing stage fills it:
-    (wall seconds, seconds per part, checksum of every input)."""
-    from fitness._device import GUARD_BYTES, make_canary
-    from fitness._gate import _fill_inputs, _new_set, _Phases, _scalars
-
-    specs = list(problem.signature(case))
-    cs = _new_set(backend, specs, _scalars(problem, case), make_canary(seed, GUARD_BYTES, backend.xp))
-    phases = _Phases(sync=backend.synchronize)
-    backend.synchronize()
-    t0 = time.perf_counter()
-    _fill_inputs(backend, problem, case, cs, seed, phases)
-    backend.synchronize()
-    wall = time.perf_counter() - t0
-    sums = dict(cs.in_sums)
-    del cs
-    backend.xp.get_default_memory_pool().free_all_blocks()
-    return wall, dict(phases.seconds), sums
-
-
 def compare_case(backend: Any, problem: Any, case: Any, repeats: int) -> dict[str, Any]:
-    """Both ways on ``case``, alternating; their median seconds and whether the stored bits agree."""
+    """Both ways on ``case``, alternating, into one set of buffers (the harness's fill: draw, store,
+    checksums); their median seconds and whether the stored bits agree for one seed."""
+    from fitness._device import GUARD_BYTES, make_canary
+    from fitness._gate import _fill_inputs, _new_set, _scalars
+
+    xp = backend.xp
+    xp.get_default_memory_pool().free_all_blocks()  # the previous case's buffers
     ways = {"arrays": dataclasses.replace(problem, make_inputs=eager(problem.make_inputs)), "deferred": problem}
-    fill_once(backend, problem, case, 1)  # compiles the fused kernels outside the timed repeats
-    _, _, want = fill_once(backend, ways["arrays"], case, 77)
-    _, _, got = fill_once(backend, ways["deferred"], case, 77)
-    # fill_once times only the fill (not the allocation of the set); a new seed per fill, as every
-    # evaluation draws anew; the ways alternate in order, as sidebyside.alternate runs them.
-    times: dict[str, list[float]] = {k: [] for k in ways}
-    order = list(ways.items())
-    for r in range(repeats):
-        for name, prob in order if r % 2 == 0 else order[::-1]:
-            times[name].append(fill_once(backend, prob, case, 1000 + r)[0])
+    cs = _new_set(backend, list(problem.signature(case)), _scalars(problem, case), make_canary(1, GUARD_BYTES, xp))
+
+    def fill(prob: Any, seed: int) -> dict[str, int]:
+        _fill_inputs(backend, prob, case, cs, seed)
+        return dict(cs.in_sums)
+
+    fill(problem, 1)  # compiles the fused kernels outside the timed repeats
+    same = fill(ways["arrays"], 77) == fill(ways["deferred"], 77)
+    seeds = itertools.count(1000)  # a new seed per fill, as every evaluation draws anew
+    order = [(name, lambda prob=prob: fill(prob, next(seeds))) for name, prob in ways.items()]
+    times = alternate(order, repeats, backend.synchronize, xp.get_default_memory_pool().free_all_blocks)
     med = medians(times)
     return {"case": case.key, "arrays_s": med["arrays"], "deferred_s": med["deferred"],
             "arrays_range": [min(times["arrays"]), max(times["arrays"])],
             "deferred_range": [min(times["deferred"]), max(times["deferred"])],
             "ratio": med["arrays"] / med["deferred"] if med["deferred"] > 0 else float("inf"),
-            "same_bits": got == want}
+            "same_bits": same}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ values then ``store_into`` against the draw written straight into the buffer's s
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -101,40 +102,38 @@ def first_form(cp: Any, seed: int, shape: tuple[int, ...], scale: Any = None, sh
     return out
 
 
-def same_values(cp: Any, seed: int, shape: tuple[int, ...], *, per_row: bool = True) -> bool:
-    """Whether the current generator draws the first form's bits for ``seed`` and ``shape``
-    (with a per-row scale and shift unless ``per_row`` is false)."""
+def _fused(cp: Any) -> Any:
     from fitness._fused import fused_for
 
-    scale = shift = None
-    if per_row:
-        rows = shape[0]
-        scale = cp.linspace(0.5, 3.0, rows, dtype=cp.float32)
-        shift = cp.linspace(-1.0, 1.0, rows, dtype=cp.float32)
     fused = fused_for(cp)
     if fused is None:
         raise RuntimeError("the fused kernels did not build on this device")
-    now = fused.normal(seed, shape, scale=scale, shift=shift)
+    return fused
+
+
+def _row_vectors(cp: Any, rows: int, per_row: bool) -> tuple[Any, Any]:
+    """(scale, shift) of ``rows`` values each, or (None, None) without ``per_row``."""
+    if not per_row:
+        return None, None
+    return cp.linspace(0.5, 3.0, rows, dtype=cp.float32), cp.linspace(-1.0, 1.0, rows, dtype=cp.float32)
+
+
+def same_values(cp: Any, seed: int, shape: tuple[int, ...], *, per_row: bool = True) -> bool:
+    """Whether the current generator draws the first form's bits for ``seed`` and ``shape``
+    (with a per-row scale and shift unless ``per_row`` is false)."""
+    scale, shift = _row_vectors(cp, shape[0], per_row)
+    now = _fused(cp).normal(seed, shape, scale=scale, shift=shift)
     first = first_form(cp, seed, shape, scale, shift)
     return bool(cp.array_equal(now.view(cp.uint32), first.view(cp.uint32)))
 
 
 def compare(cp: Any, shape: tuple[int, ...], repeats: int, *, per_row: bool = True) -> str:
     """Both forms on ``shape``, alternating; a line of their times and whether the bits agree."""
-    from fitness._fused import fused_for
-
-    fused = fused_for(cp)
-    if fused is None:
-        raise RuntimeError("the fused kernels did not build on this device")
+    fused = _fused(cp)
     sync = cp.cuda.runtime.deviceSynchronize
-    rows = shape[0]
-    scale = cp.linspace(0.5, 3.0, rows, dtype=cp.float32) if per_row else None
-    shift = cp.linspace(-1.0, 1.0, rows, dtype=cp.float32) if per_row else None
+    scale, shift = _row_vectors(cp, shape[0], per_row)
     same = same_values(cp, 12345, shape, per_row=per_row)
     cp.get_default_memory_pool().free_all_blocks()
-    n = 1
-    for d in shape:
-        n *= d
     order: list[tuple[str, Callable[[], Any]]] = [
         ("first", lambda: first_form(cp, 7, shape, scale, shift)),
         ("current", lambda: fused.normal(7, shape, scale=scale, shift=shift)),
@@ -142,7 +141,7 @@ def compare(cp: Any, shape: tuple[int, ...], repeats: int, *, per_row: bool = Tr
     for _, fn in order:  # compiles and allocates outside the timed repeats
         fn()
     times = alternate(order, repeats, sync, cp.get_default_memory_pool().free_all_blocks)
-    rate = n / medians(times)["current"] / 1e9
+    rate = math.prod(shape) / medians(times)["current"] / 1e9
     return f"{versus(times, 'first', 'current')} (current: {rate:.1f} G elements/s), same bits: {same}"
 
 
@@ -153,7 +152,7 @@ def compare_store(cp: Any, shape: tuple[int, ...], dtype: str, repeats: int) -> 
     from fitness._dtypes import storage_dtype, store_into
 
     sync = cp.cuda.runtime.deviceSynchronize
-    draw = normal_draw(9, shape, scale=cp.linspace(0.5, 3.0, shape[0], dtype=cp.float32))
+    draw = normal_draw(9, shape, scale=_row_vectors(cp, shape[0], True)[0])
     dst = cp.empty(draw.size, dtype=storage_dtype(dtype))
     bits = f"u{dst.itemsize}"
 

@@ -93,7 +93,7 @@
 #endif
 #define WARPS (THREADS / 32)
 #define WS_HEADER 256     // words of ws before the partial rows: word 0 the ticket counter, words 1.. the
-                          // TREE groups' tickets (ceil(G / TREE) <= WS_HEADER - 1 for G <= 528, TREE >= 4)
+                          // TREE groups' tickets (ceil(G / TREE) <= WS_HEADER - 1 for G <= 528, TREE >= 3)
 #define SMEM_DW_COLS 40960 // dw accumulators in shared memory up to this N (examples/rmsnorm_problem.py agrees)
 
 template <typename T>
