@@ -163,6 +163,9 @@ def _as_entry(problem: Any, genome: Any, case: str, flag: str) -> dict[str, Any]
     params = dict(genome.params)
     if not problem.params.is_valid(params):
         raise SystemExit(f"{flag} break the kernel family's rules: {problem.params.violations(params)}")
+    canonical = problem.params.canonical(params)  # knobs the others switch off at their defaults, as the
+    if canonical != params:                       # engine stores them (e.g. PREFETCH 0 under STAGES)
+        genome, params = genome.with_params(**canonical), canonical
     return {"id": genome.id, "case": case, "params": params, "source": genome.source,
             "defines": genome.defines(), "entry": genome.entry}
 

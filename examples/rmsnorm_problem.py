@@ -37,11 +37,13 @@ __all__ = [
     "SMEM_CAP",
     "TIMED_SHAPES",
     "bwd_bytes_moved",
+    "bwd_dw_smem_bytes",
     "bwd_launch",
     "bwd_make_inputs",
     "bwd_reference",
     "bwd_scalars",
     "bwd_signature",
+    "bwd_stage_bytes",
     "forward_param_space",
     "fwd_bytes_moved",
     "fwd_launch",
@@ -810,8 +812,45 @@ def bwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mappi
     if int(params.get("ALGO", 0)) == 0:
         return Launch(grid=(-(-n // 32) + m, 1, 1), block=(threads, 1, 1))
     g = max(1, min(m, _p(params, "CTAS_PER_SM") * _sm_count(device), BWD_PARTS_MAX))
-    smem = 4 * n if int(params.get("SMEM_DW", 1)) and n <= BWD_SMEM_DW_COLS else 0
+    smem = bwd_dw_smem_bytes(params, case) + bwd_stage_bytes(params, case)
     return Launch(grid=(g, 1, 1), block=(threads, 1, 1), shared_mem=smem)
+
+
+def bwd_dw_smem_bytes(params: Mapping[str, Any], case: Case) -> int:
+    """ALGO 1: bytes of dynamic shared memory for the dw accumulators (N float32 with SMEM_DW and
+    N <= BWD_SMEM_DW_COLS, else 0); the staged rows (STAGES) come after them."""
+    n = case["N"]
+    return 4 * n if int(params.get("SMEM_DW", 1)) and n <= BWD_SMEM_DW_COLS else 0
+
+
+def bwd_stage_bytes(params: Mapping[str, Any], case: Case) -> int:
+    """ALGO 1 with STAGES = S: bytes of shared memory for S slots of staged rows, or 0 (not staged).
+
+    The rows are staged where the kernel holds them in registers: rows of whole 16-byte chunks
+    taken by ROW_WARP warps (``N / E <= MAX_CHUNKS * 32 * ROW_WARP``, a row per row group, ``WARPS /
+    ROW_WARP`` groups) or by the CTA (``N / E <= MAX_CHUNKS * THREADS``, one row). A slot holds a row
+    of x and one of dy per group, so S slots take ``S * groups * 2 * N * elem`` bytes. They are given
+    only when, after the dw accumulators and the kernel's static arrays, they let CTAS_PER_SM CTAs
+    share an SM (1 KB per CTA is the system's), at most the per-CTA limit; otherwise the kernel loads
+    the rows into registers as without STAGES (it reads the size it was given).
+    """
+    stages = int(params.get("STAGES", 0))
+    if int(params.get("ALGO", 0)) != 1 or stages <= 0:
+        return 0
+    row = case["N"] * DTYPE_BYTES[case.dtype]
+    if row % 16:
+        return 0
+    nch, threads, chunks, rw = row // 16, _p(params, "THREADS"), _p(params, "MAX_CHUNKS"), int(params.get("ROW_WARP", 0))
+    if rw and nch <= chunks * 32 * rw:
+        groups = threads // 32 // rw
+    elif nch <= chunks * threads:
+        groups = 1
+    else:
+        return 0
+    need = stages * groups * 2 * row
+    static = 4 * threads + 16  # the kernel's red[THREADS] and ticket
+    per_cta = min(BLOCK_SMEM_OPTIN, SM_SMEM // _p(params, "CTAS_PER_SM") - 1024) - static
+    return need if bwd_dw_smem_bytes(params, case) + need <= per_cta else 0
 
 
 def bwd_bytes_moved(case: Case) -> int:
@@ -844,13 +883,22 @@ def _c_bwd_row_groups(p: Mapping[str, Any]) -> bool:
     return int(p["ALGO"]) == 0 or int(p["ROW_WARP"]) <= 1 or int(p["THREADS"]) <= 256 * int(p["ROW_WARP"])
 
 
+def _c_bwd_stages(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 0 or not int(p["STAGES"]) or int(p["THREADS"]) <= 512
+
+
+def _b_prefetch(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 1 and not int(p["STAGES"])
+
+
 def backward_param_space() -> ParamSpace:
     """The backward kernel's knobs (both algorithms) and the rules a valid assignment follows."""
     return ParamSpace(
         params={"ALGO": Choice([0, 1]), "THREADS": Choice([128, 256, 512, 1024]), "UNROLL": Choice([1, 2, 4, 8]),
                 "LOAD_HINT": Choice([0, 1, 2]), "MAX_CHUNKS": Choice([1, 2, 4, 8]),
                 "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64]),
-                "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1, 2, 4]), "TREE": Choice([0, 4, 8, 16])},
+                "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1, 2, 4]), "TREE": Choice([0, 4, 8, 16]),
+                "STAGES": Choice([0, 1, 2, 3])},
         constraints=(
             Constraint("ALGO 1 at 1024 threads: MAX_CHUNKS <= 2 (64 registers per thread; more chunks spill)",
                        _c_bwd_registers),
@@ -860,6 +908,8 @@ def backward_param_space() -> ParamSpace:
                        "more spills)", _c_bwd_row_warp),
             Constraint("ALGO 1 with ROW_WARP > 1: THREADS <= 256 * ROW_WARP (at most 8 row groups, one named "
                        "barrier each)", _c_bwd_row_groups),
+            Constraint("ALGO 1 with STAGES: THREADS <= 512 (at 1024 threads, 64 registers per thread, the "
+                       "staging addresses spill)", _c_bwd_stages),
         ),
         # Knobs one algorithm does not read (the engine pins them to these defaults there).
         conditions=(
@@ -868,16 +918,18 @@ def backward_param_space() -> ParamSpace:
             Condition("CTAS_PER_SM", _b_persistent, 2, "CTAS_PER_SM only with ALGO 1"),
             Condition("SMEM_DW", _b_persistent, 1, "SMEM_DW only with ALGO 1"),
             Condition("REDUCERS", _b_persistent, 32, "REDUCERS only with ALGO 1"),
-            Condition("PREFETCH", _b_persistent, 0, "PREFETCH only with ALGO 1"),
+            Condition("PREFETCH", _b_prefetch, 0, "PREFETCH only with ALGO 1 and STAGES 0 (STAGES stages the "
+                      "next rows in shared memory instead)"),
             Condition("ROW_WARP", _b_persistent, 0, "ROW_WARP only with ALGO 1"),
             Condition("TREE", _b_persistent, 0, "TREE only with ALGO 1"),
+            Condition("STAGES", _b_persistent, 0, "STAGES only with ALGO 1"),
         ),
     )
 
 
 BWD_SEED_PARAMS: dict[str, int] = {"ALGO": 0, "THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0, "MAX_CHUNKS": 4,
                                    "CTAS_PER_SM": 2, "SMEM_DW": 1, "REDUCERS": 32, "PREFETCH": 0,
-                                   "ROW_WARP": 0, "TREE": 0}
+                                   "ROW_WARP": 0, "TREE": 0, "STAGES": 0}
 """The first backward seed: column and row CTAs (ALGO 0)."""
 
 BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
@@ -895,6 +947,12 @@ BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
     {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "ROW_WARP": 4, "PREFETCH": 1, "REDUCERS": 64},
     # 1K (16-bit): two warps per row, the partials summed in groups of 8 CTAs while others still stream
     {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "ROW_WARP": 2, "TREE": 8},
+    # rows staged ahead in shared memory by cp.async (registers hold only the current row):
+    # 4K (16-bit) two rows ahead per CTA; 16K (fp32) one row ahead (128 KB) next to 64 KB of dw;
+    # 1K (16-bit) by pairs of warps, three rows ahead per group
+    {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "STAGES": 2, "TREE": 8},
+    {"THREADS": 512, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "STAGES": 1},
+    {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "ROW_WARP": 2, "TREE": 8, "STAGES": 3},
 )
 """Persistent (ALGO 1) seeds: x and dy read once, per-CTA dw partials reduced by the last CTAs."""
 

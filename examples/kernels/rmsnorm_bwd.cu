@@ -40,7 +40,9 @@
 // PREFETCH (ALGO 1, rows held in registers: load the CTA's (or warp's) next row before reducing this
 // one, so short rows keep two rows of loads in flight per thread), ROW_WARP (ALGO 1: 0 a CTA per row;
 // 1, 2 or 4: that many warps per row when N / E <= MAX_CHUNKS * 32 * ROW_WARP, dw accumulated in
-// registers; see rows_warp), TREE (ALGO 1: 0, or S: partials summed in groups of S CTAs first).
+// registers; see rows_warp), TREE (ALGO 1: 0, or S: partials summed in groups of S CTAs first),
+// STAGES (ALGO 1, rows held in registers: 0, or S: each thread copies its own chunks of its group's rows
+// S rows ahead into shared memory with cp.async and reads them back from there; see Stages below).
 #include <cuda_fp16.h>
 
 #ifndef THREADS
@@ -78,6 +80,15 @@
 #endif
 #ifndef TREE
 #define TREE 0
+#endif
+#ifndef STAGES
+#define STAGES 0
+#endif
+#if STAGES < 0 || STAGES > 3
+#error "STAGES must be 0 (rows loaded into registers) or 1..3 rows staged ahead in shared memory"
+#endif
+#if ALGO == 1 && STAGES > 0 && PREFETCH
+#error "STAGES replaces PREFETCH (the next rows wait in shared memory, not in registers)"
 #endif
 #if TREE < 0 || TREE > 32
 #error "TREE must be 0 (flat) or a group size of at most 32 CTAs"
@@ -365,13 +376,109 @@ __device__ __forceinline__ float chunks_dot(const uint4 (&xr)[MAX_CHUNKS], const
     return dot;
 }
 
+// ---- STAGES: rows staged ahead in shared memory.
+// The launch gives, after the dw accumulators (N floats with SMEM_DW, else none), STAGES slots of
+// `groups` rows of x and dy each (slot s, group g: x at ((s * groups + g) * 2) * rowbytes, dy right
+// after) when they fit (examples/rmsnorm_problem.py: bwd_stage_bytes); else nothing, and the rows are
+// loaded into registers as without STAGES. A thread copies only its own chunks and reads back only
+// those, so cp.async.wait_group alone orders them (no barrier for the data). The copy that refills a
+// slot is issued after the row's barrier (bar.sync / __syncwarp: the thread's reads of the slot are
+// performed before it), one commit group per row always (empty past the last row), so at row i of a
+// group STAGES + i groups are committed and wait_group(STAGES - 1) means row i has landed.
+__device__ __forceinline__ unsigned dynamic_smem_bytes() {
+    unsigned v;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+    return v;
+}
+
+__device__ __forceinline__ void cp_async16(unsigned smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(smem), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" : : : "memory"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" : : "n"(N) : "memory"); }
+
+__device__ __forceinline__ uint4 ld_shared16(unsigned a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a)
+                 : "memory");
+    return v;
+}
+
+// One row group's ring of STAGES slots; a thread's chunks c = first + k * STRIDE < nch of rows first,
+// first + step, ... (shared addresses: 32-bit, this thread's first chunk of slot 0 in `mine`).
+template <int DT, int STRIDE>
+struct Stages {
+    unsigned mine = 0;  // shared address of this thread's first chunk (x) in slot 0
+    unsigned slot = 0;  // byte offset of the current slot
+    unsigned rowbytes, slot_bytes;
+    bool on = false;    // the launch gave the staging memory
+
+    // STAGES slots of `groups` rows each after `skip` bytes of the dynamic shared memory, if given.
+    __device__ Stages(char* dyn, unsigned skip, int groups, int grp, int N, int first)
+        : rowbytes(static_cast<unsigned>(N) * (DT == 0 ? 4u : 2u)),
+          slot_bytes(static_cast<unsigned>(groups) * 2u * static_cast<unsigned>(N) * (DT == 0 ? 4u : 2u)) {
+        on = STAGES > 0 && dynamic_smem_bytes() >= skip + STAGES * slot_bytes;
+        mine = static_cast<unsigned>(__cvta_generic_to_shared(dyn)) + skip + grp * 2u * rowbytes + first * 16u;
+    }
+
+    // This thread's chunks of the row at base (elements) into the slot at byte offset `at`.
+    __device__ __forceinline__ void copy(const void* x, const void* dy, long long base, int nch, int first,
+                                         unsigned at) const {
+        constexpr int ES = DT == 0 ? 4 : 2;
+        const char* xs = static_cast<const char*>(x) + base * ES + first * 16;
+        const char* gs = static_cast<const char*>(dy) + base * ES + first * 16;
+#pragma unroll
+        for (int k = 0; k < MAX_CHUNKS; ++k) {
+            if (first + k * STRIDE < nch) {
+                cp_async16(mine + at + k * STRIDE * 16, xs + k * STRIDE * 16);
+                cp_async16(mine + at + rowbytes + k * STRIDE * 16, gs + k * STRIDE * 16);
+            }
+        }
+    }
+
+    // The first STAGES rows of the group, one commit group each.
+    __device__ __forceinline__ void start(const void* x, const void* dy, long long first_row, long long step, int M,
+                                          int N, int nch, int first) const {
+#pragma unroll
+        for (int s = 0; s < STAGES; ++s) {
+            const long long row = first_row + s * step;
+            if (row < M) copy(x, dy, row * N, nch, first, s * slot_bytes);
+            cp_async_commit();
+        }
+    }
+
+    // This thread's chunks of the current row (the ring's next slot), into registers.
+    __device__ __forceinline__ void take(int nch, int first, uint4 (&xr)[MAX_CHUNKS], uint4 (&gr)[MAX_CHUNKS]) const {
+        cp_async_wait<(STAGES > 0 ? STAGES - 1 : 0)>();
+#pragma unroll
+        for (int k = 0; k < MAX_CHUNKS; ++k) {
+            if (first + k * STRIDE < nch) {
+                xr[k] = ld_shared16(mine + slot + k * STRIDE * 16);
+                gr[k] = ld_shared16(mine + slot + rowbytes + k * STRIDE * 16);
+            }
+        }
+    }
+
+    // After the row's barrier: the slot just read takes the row STAGES ahead (`row`, if < M).
+    __device__ __forceinline__ void refill(const void* x, const void* dy, long long row, int M, int N, int nch,
+                                           int first) {
+        if (row < M) copy(x, dy, row * N, nch, first, slot);
+        cp_async_commit();
+        slot = slot + slot_bytes == STAGES * slot_bytes ? 0u : slot + slot_bytes;
+    }
+};
+
 // 16-byte chunks; acc: this CTA's dw accumulators (shared or its partial row in ws), N floats.
 template <int DT>
 __device__ void rows_vec(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
-                         int M, int N, float* red) {
+                         int M, int N, float* red, char* dyn, unsigned skip) {
     constexpr int E = Chunk<DT>::E;
     const int nch = N / E;
     const bool in_regs = nch <= MAX_CHUNKS * THREADS;
+    const long long step = gridDim.x;
     int parity = 0;
     uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
     uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];  // PREFETCH: the CTA's next row, loaded while this one is reduced
@@ -379,12 +486,17 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
     if (in_regs && blockIdx.x < M)
         load_chunks<DT>(x, dy, static_cast<long long>(blockIdx.x) * N, nch, threadIdx.x, THREADS, xn, gn);
 #endif
-    for (long long row = blockIdx.x; row < M; row += gridDim.x) {
+    Stages<DT, THREADS> st(dyn, skip, 1, 0, N, threadIdx.x);
+    const bool staged = STAGES > 0 && in_regs && st.on;
+    if (staged) st.start(x, dy, blockIdx.x, step, M, N, nch, threadIdx.x);
+    for (long long row = blockIdx.x; row < M; row += step) {
         const long long base = row * N;
         float dot = 0.f;
-        if (in_regs) {
-            take_row<DT>(x, dy, base, static_cast<long long>(gridDim.x) * N, row + gridDim.x < M, nch,
-                         threadIdx.x, THREADS, xr, gr, xn, gn);
+        if (staged) {
+            st.take(nch, threadIdx.x, xr, gr);
+            dot = chunks_dot<DT>(xr, gr, w, nch, threadIdx.x, THREADS);
+        } else if (in_regs) {
+            take_row<DT>(x, dy, base, step * N, row + step < M, nch, threadIdx.x, THREADS, xr, gr, xn, gn);
             dot = chunks_dot<DT>(xr, gr, w, nch, threadIdx.x, THREADS);
         } else {
             for (int c = threadIdx.x; c < nch; c += THREADS) {
@@ -396,6 +508,7 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
             }
         }
         dot = block_sum(dot, red, parity);
+        if (staged) st.refill(x, dy, row + STAGES * step, M, N, nch, threadIdx.x);  // after block_sum's barrier
         const float r = __ldg(rstd + row);
         const float coef = r * r * r * dot / static_cast<float>(N);
         if (in_regs) {
@@ -420,7 +533,7 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
 // add theirs to acc (all zeros on entry) one warp after the other (warp order: reproducible).
 template <int DT>
 __device__ void rows_warp(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
-                          int M, int N, float* red) {
+                          int M, int N, float* red, char* dyn, unsigned skip) {
     constexpr int E = Chunk<DT>::E;
     constexpr int RW = ROW_WARP > 0 ? ROW_WARP : 1;
     constexpr int GT = 32 * RW;        // threads per row group
@@ -441,9 +554,13 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
 #if PREFETCH
     if (first < M) load_chunks<DT>(x, dy, first * N, nch, tg, GT, xn, gn);
 #endif
+    Stages<DT, GT> st(dyn, skip, NG, grp, N, tg);
+    const bool staged = STAGES > 0 && st.on;
+    if (staged) st.start(x, dy, first, step, M, N, nch, tg);
     for (long long row = first; row < M; row += step) {
         const long long base = row * N;
-        take_row<DT>(x, dy, base, step * N, row + step < M, nch, tg, GT, xr, gr, xn, gn);
+        if (staged) st.take(nch, tg, xr, gr);
+        else take_row<DT>(x, dy, base, step * N, row + step < M, nch, tg, GT, xr, gr, xn, gn);
         float dot = warp_sum(chunks_dot<DT>(xr, gr, w, nch, tg, GT));
         if constexpr (RW > 1) {  // the group's RW warp sums, alternating halves by row (as block_sum)
             float* gred = red + (grp * 2 + parity) * RW;
@@ -453,7 +570,10 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
 #pragma unroll
             for (int k = 0; k < RW; ++k) dot += gred[k];
             parity ^= 1;
+        } else if (staged) {
+            __syncwarp();  // the warp's reads of the slot are performed before the refill below
         }
+        if (staged) st.refill(x, dy, row + STAGES * step, M, N, nch, tg);
         const float r = __ldg(rstd + row);
         const float coef = r * r * r * dot / static_cast<float>(N);
 #pragma unroll
@@ -527,8 +647,12 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     const unsigned long long align = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dy)
                                    | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(w);
     if (N % E == 0 && (align & 15) == 0) {
-        if (ROW_WARP && N / E <= MAX_CHUNKS * 32 * ROW_WARP) rows_warp<DT>(x, w, dy, rstd, dx, acc, M, N, red);
-        else rows_vec<DT>(x, w, dy, rstd, dx, acc, M, N, red);
+        char* dyn = reinterpret_cast<char*>(sdw);  // the dynamic shared memory: dw (if use_smem), then STAGES
+        const unsigned skip = use_smem ? static_cast<unsigned>(N) * 4u : 0u;
+        if (ROW_WARP && N / E <= MAX_CHUNKS * 32 * ROW_WARP)
+            rows_warp<DT>(x, w, dy, rstd, dx, acc, M, N, red, dyn, skip);
+        else
+            rows_vec<DT>(x, w, dy, rstd, dx, acc, M, N, red, dyn, skip);
     } else {
         rows_scalar<DT>(x, w, dy, rstd, dx, acc, M, N, red);
     }

@@ -175,3 +175,13 @@ def test_bad_vs_are_clear_errors(text: str, match: str) -> None:
     base = fc.genome_from_params(prob, '{"ALGO": 1, "THREADS": 256, "MAX_CHUNKS": 2, "ROW_WARP": 2}')
     with pytest.raises(SystemExit, match=match):
         fc.edited_genome(prob, base, text)
+
+
+def test_vs_genomes_are_canonical() -> None:
+    """A change that switches another knob off stores it at its default, as the engine does: STAGES on a
+    PREFETCH genome times it with PREFETCH 0 (the kernel refuses both)."""
+    prob = make_backward_problem()
+    base = fc.genome_from_params(prob, '{"ALGO": 1, "THREADS": 256, "MAX_CHUNKS": 2, "PREFETCH": 1}')
+    label, g = fc.edited_genome(prob, base, '{"STAGES": 2}')
+    assert label == "STAGES=2" and g["params"]["PREFETCH"] == 0 and "-DPREFETCH=0" in g["defines"]
+    assert g["id"] == prob.seeds[0].with_params(**prob.params.canonical(g["params"])).id

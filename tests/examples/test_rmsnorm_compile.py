@@ -247,7 +247,14 @@ def _bwd(**kw: int) -> dict:
                                     # TREE's group sums (16 partials per thread in flight) at those edges
                                     _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, LOAD_HINT=1, TREE=16),
                                     _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, PREFETCH=1, ROW_WARP=4, TREE=16),
-                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=2, PREFETCH=1, TREE=4)])
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=2, PREFETCH=1, TREE=4),
+                                    # STAGES (rows staged in shared memory) by CTA and by warps, at the
+                                    # largest register tiles
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, STAGES=2, TREE=8),
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=8, CTAS_PER_SM=1, STAGES=1),
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, ROW_WARP=2, TREE=8, STAGES=3),
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=4, ROW_WARP=2, STAGES=1, LOAD_HINT=2),
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, ROW_WARP=4, STAGES=3)])
 def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert make_backward_problem().params.is_valid(params)
     log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
@@ -272,6 +279,35 @@ def test_backward_prefetch_and_row_warp_rules_are_needed(tmp_path: Path, kw: dic
     assert _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)) > 0
 
 
+def test_backward_stages_rule_is_needed(tmp_path: Path) -> None:
+    """What the STAGES constraint forbids (1024 threads, 64 registers each) spills; 512 threads do not."""
+    params = _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, ROW_WARP=4, STAGES=3)
+    assert not make_backward_problem().params.is_valid(params)
+    assert make_backward_problem().params.is_valid(dict(params, STAGES=0))
+    assert _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)) > 0
+
+
+def test_backward_stages_is_live_and_replaces_prefetch(tmp_path: Path) -> None:
+    """STAGES gives another cubin; with STAGES the space pins PREFETCH to 0, and the kernel refuses both."""
+    space = make_backward_problem().params
+    a = _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, PREFETCH=1)
+    b = dict(a, STAGES=2)
+    assert space.canonical(a) == a and space.canonical(b) == dict(b, PREFETCH=0)
+    cubins = _cubins("rmsnorm_bwd.cu", (a, space.canonical(b)), tmp_path / "stages")
+    assert cubins[0] != cubins[1]
+    with pytest.raises(AssertionError, match="STAGES replaces PREFETCH"):
+        nvcc_compile("rmsnorm_bwd.cu", _defines(b), tmp_path)
+
+
+def test_backward_static_shared_memory_is_what_the_launch_allows_for(tmp_path: Path) -> None:
+    """bwd_stage_bytes counts 4 * THREADS + 16 bytes of the kernel's static shared memory."""
+    for threads in (128, 512):
+        (tmp_path / str(threads)).mkdir()
+        log = nvcc_compile("rmsnorm_bwd.cu", _defines(_bwd(ALGO=1, THREADS=threads, MAX_CHUNKS=2, STAGES=1)),
+                           tmp_path / str(threads))
+        assert {int(v) for v in re.findall(r"(\d+) bytes smem", log)} == {4 * threads + 16}
+
+
 def test_backward_row_group_rule_matches_the_kernel(tmp_path: Path) -> None:
     """ROW_WARP > 1 with more than 8 row groups is refused by the space and by the kernel."""
     params = _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=1, ROW_WARP=2)
@@ -286,7 +322,7 @@ def test_backward_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path)
     from examples.rmsnorm_problem import bwd_launch
 
     case = Case({"M": 4096, "N": 4096}, "bfloat16")
-    pairs = [(_bwd(), _bwd(MAX_CHUNKS=8, CTAS_PER_SM=3, SMEM_DW=0, REDUCERS=8, PREFETCH=1, ROW_WARP=1)),
+    pairs = [(_bwd(), _bwd(MAX_CHUNKS=8, CTAS_PER_SM=3, SMEM_DW=0, REDUCERS=8, PREFETCH=1, ROW_WARP=1, STAGES=2)),
              (_bwd(ALGO=1), _bwd(ALGO=1, UNROLL=1))]
     space = make_backward_problem().params
     for i, (a, b) in enumerate(pairs):

@@ -525,6 +525,43 @@ def test_backward_tree(cuda_device, tree: int) -> None:
         assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
 
 
+def test_backward_stages(cuda_device) -> None:
+    """STAGES (rows staged ahead in shared memory by cp.async): by CTA and by 1 or 2 warps, 1-3 slots,
+    rings that wrap many times (M far above the grid), M below the grid and M = 1, a 128 KB fp32 row
+    next to 64 KB of dw, rows that are not staged (not whole chunks, past the registers, past the dw
+    limit, misaligned views), and dw bitwise the same in two launches."""
+    import cupy as cp
+
+    from examples.rmsnorm_problem import bwd_stage_bytes
+
+    prob = make_backward_problem()
+    base = dict(prob.seeds[0].params, ALGO=1)
+    params = (dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, STAGES=2, TREE=8),
+              dict(base, THREADS=512, MAX_CHUNKS=8, CTAS_PER_SM=1, STAGES=1),
+              dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, ROW_WARP=2, TREE=8, STAGES=3),
+              dict(base, THREADS=128, MAX_CHUNKS=4, CTAS_PER_SM=3, ROW_WARP=1, STAGES=2, REDUCERS=64),
+              dict(base, THREADS=128, MAX_CHUNKS=1, CTAS_PER_SM=4, STAGES=3, SMEM_DW=0))
+    genomes = [prob.seeds[0].with_params(**p) for p in params]
+    for g in genomes:
+        assert prob.params.is_valid(dict(g.params)), g.params
+    staged = [(0, Case({"M": 9000, "N": 4096}, "bfloat16")), (1, Case({"M": 64, "N": 16384}, "float32")),
+              (2, Case({"M": 3000, "N": 1024}, "bfloat16")), (3, Case({"M": 3000, "N": 1024}, "float32")),
+              (4, Case({"M": 3000, "N": 1024}, "bfloat16"))]
+    for i, case in staged:
+        assert bwd_stage_bytes(params[i], case) > 0, (params[i], case)
+    _compile(prob, genomes)
+    shapes = [{"M": 1, "N": 1024}, {"M": 5, "N": 256}, {"M": 3000, "N": 1024}, {"M": 9000, "N": 4096},
+              {"M": 64, "N": 16384}, {"M": 17, "N": 1002}, {"M": 5, "N": 40968}]
+    for g in genomes:
+        _check(prob, g, shapes)
+        _check(prob, g, [{"M": 40, "N": 1024}], offsets={"x": 1, "dy": 2, "dx": 3})
+        case = Case({"M": 5000, "N": 2048}, "bfloat16")
+        raw = _inputs(prob, case, np.random.default_rng(9), cp)
+        first, _ = launch_case(prob, g, case, raw)
+        again, _ = launch_case(prob, g, case, raw)
+        assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
+
+
 def test_backward_seeds_through_evaluator(cuda_device) -> None:
     """Every backward seed passes the gate and Timing (the workspace contract included)."""
     fitness = pytest.importorskip("fitness")

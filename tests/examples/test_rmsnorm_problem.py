@@ -241,7 +241,53 @@ def test_backward_persistent_launch_and_workspace() -> None:
     ws = bwd_signature(big)[-1]
     assert ws.role == "workspace" and ws.numel == BWD_WS_HEADER + BWD_PARTS_MAX * 16384
     assert bwd_signature(Case({"M": 3, "N": 7}, "float32"))[-1].numel == BWD_WS_HEADER + 3 * 7
-    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 11
+    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 14
+
+
+def test_backward_stage_bytes() -> None:
+    """STAGES slots (x and dy rows per row group) come after the dw accumulators, only for rows held in
+    registers, of whole 16-byte chunks, and only when CTAS_PER_SM CTAs of them share an SM."""
+    from evo.types import DeviceInfo
+    from examples.rmsnorm_problem import bwd_dw_smem_bytes, bwd_stage_bytes
+
+    dev = DeviceInfo("gpu", "9.0", sm_count=132)
+    base = dict(make_backward_problem().seeds[0].params, ALGO=1)
+    p4k = dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, STAGES=2)
+    c4k = Case({"M": 32768, "N": 4096}, "bfloat16")
+    assert bwd_stage_bytes(p4k, c4k) == 2 * 2 * 4096 * 2
+    assert bwd_launch(p4k, c4k, dev).shared_mem == 4 * 4096 + 2 * 2 * 4096 * 2
+    assert bwd_stage_bytes(dict(p4k, STAGES=0), c4k) == 0 and bwd_stage_bytes(dict(p4k, ALGO=0), c4k) == 0
+    # a row past the registers (4K fp32 needs 1024 chunks > 2 * 256), or not of whole chunks: not staged
+    assert bwd_stage_bytes(p4k, Case({"M": 64, "N": 4096}, "float32")) == 0
+    assert bwd_stage_bytes(p4k, Case({"M": 64, "N": 1020}, "bfloat16")) == 0
+    assert bwd_stage_bytes(p4k, Case({"M": 64, "N": 1028}, "float32")) == 2 * 2 * 1028 * 4
+    # 16K fp32: one 128 KB slot next to 64 KB of dw fits one CTA per SM; two slots, or two CTAs, do not
+    p16 = dict(base, THREADS=512, MAX_CHUNKS=8, CTAS_PER_SM=1, STAGES=1)
+    c16 = Case({"M": 32768, "N": 16384}, "float32")
+    assert bwd_dw_smem_bytes(p16, c16) == 65536 and bwd_stage_bytes(p16, c16) == 131072
+    assert bwd_stage_bytes(dict(p16, STAGES=2), c16) == 0 and bwd_stage_bytes(dict(p16, CTAS_PER_SM=2), c16) == 0
+    assert bwd_launch(dict(p16, STAGES=2), c16, dev).shared_mem == 65536
+    # without dw in shared memory the two CTAs' slots fit: 16K bf16 at 2 CTAs per SM
+    p16h = dict(base, THREADS=256, MAX_CHUNKS=8, CTAS_PER_SM=2, STAGES=1)
+    c16h = Case({"M": 32768, "N": 16384}, "bfloat16")
+    assert bwd_stage_bytes(p16h, c16h) == 0 and bwd_stage_bytes(dict(p16h, SMEM_DW=0), c16h) == 65536
+    # by warps: a row per row group (WARPS / ROW_WARP groups) in each slot
+    pw = dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, ROW_WARP=2, STAGES=3)
+    c1k = Case({"M": 32768, "N": 1024}, "bfloat16")
+    assert bwd_stage_bytes(pw, c1k) == 3 * 4 * 2 * 1024 * 2
+    # a row past the groups' registers goes to the CTA (rows_vec): one row per slot
+    assert bwd_stage_bytes(pw, Case({"M": 64, "N": 4096}, "bfloat16")) == 3 * 2 * 4096 * 2
+
+
+def test_backward_stages_pins_prefetch() -> None:
+    """STAGES replaces PREFETCH (pinned to 0), is only read by ALGO 1, and needs THREADS <= 512."""
+    space = make_backward_problem().params
+    base = dict(make_backward_problem().seeds[0].params, ALGO=1, THREADS=256, MAX_CHUNKS=2, PREFETCH=1)
+    assert space.canonical(dict(base, STAGES=1))["PREFETCH"] == 0
+    assert space.canonical(base)["PREFETCH"] == 1
+    assert space.canonical(dict(base, ALGO=0, STAGES=3))["STAGES"] == 0
+    big = dict(base, THREADS=1024, PREFETCH=0)
+    assert not space.is_valid(dict(big, STAGES=1)) and space.is_valid(big)
 
 
 def test_backward_kernel_constants_match_the_problem() -> None:
