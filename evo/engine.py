@@ -149,6 +149,14 @@ class EngineConfig:
             were seeds. A seed counts as evaluated also when the warm-start archive's own run
             left it out this way (its saved state; same GPU and problem), so a chain of warm
             starts on one GPU does not re-time it every other run.
+        warm_start_rebase: Warm-start genomes whose source is a seed's source in the warm-start
+            archive (param-only descendants of the kernel family as it was then) take the
+            Problem's current seed source (the seed of the same entry and language, when those
+            seeds share one source), so the knobs and fixes added to the family since apply to
+            them; a knob they lack is set to its condition's default (the knob switched off, the
+            way a family gains knobs), and one without a condition makes the genome skipped. Like
+            every warm-start genome they are evaluated again. False: each keeps its own source,
+            and a genome lacking a knob of the space is skipped.
         failed_parents: Recent failed records kept as parents for repair operators.
         max_attempts: Operator calls per requested candidate before ``ask`` gives up.
         max_executor_errors: Consecutive executor exceptions (harness faults, not
@@ -197,6 +205,7 @@ class EngineConfig:
     warm_start_per_case: int = 1
     warm_start_within: float = 0.05
     warm_start_seeds: str = "auto"
+    warm_start_rebase: bool = True
     failed_parents: int = 32
     max_attempts: int = 8
     max_executor_errors: int = 5
@@ -986,6 +995,26 @@ class Engine:
             self._save_state()
         return out
 
+    @staticmethod
+    def _seed_sources(src: Any) -> set[str]:
+        """The sources of ``src``'s seed and warm-start records (the kernel family as it was there)."""
+        return {r.genome.source for r in src.records() if r.operator in SEED_OPERATORS}
+
+    def _rebase(self, g: Genome) -> tuple[Genome, dict[str, Any] | None]:
+        """``g`` on the Problem's current seed source (EngineConfig.warm_start_rebase), and the knobs
+        set because ``g`` lacked them; ``(g, None)`` where it cannot be (no single current source for
+        its entry and language, the same source already, or a lacking knob without a condition)."""
+        current = {s.source for s in self.problem.seeds if s.entry == g.entry and s.language == g.language}
+        if len(current) != 1 or g.source in current:
+            return g, None
+        space = self.problem.params
+        defaults = {c.param: c.default for c in space.conditions}
+        lacking = [k for k in space.params if k not in g.params]
+        if any(k not in defaults for k in lacking):
+            return g, None
+        filled = {k: defaults[k] for k in lacking}
+        return Genome(current.pop(), {**g.params, **filled}, g.entry, g.language), filled
+
     def _canonical(self, g: Genome) -> Genome:
         """``g`` with its inactive conditional params at their defaults (ParamSpace.canonical)."""
         space = self.problem.params
@@ -1185,8 +1214,13 @@ class Engine:
                         if rank < len(recs):
                             picks.setdefault(recs[rank].genome.id, (recs[rank], [], []))[1 if rank == 0 else 2].append(case)
             items: list[dict[str, Any]] = []
+            old_seeds = self._seed_sources(src) if self.config.warm_start_rebase else set()
+            rebased = 0
             for r, cases, close in picks.values():
-                bad = self.problem.params.violations(r.genome.params)
+                genome, filled = r.genome, None
+                if genome.source in old_seeds:
+                    genome, filled = self._rebase(genome)
+                bad = self.problem.params.violations(genome.params)
                 if bad:
                     log.info("warm start: skipping %s (%s)", r.id[:12], "; ".join(bad))
                     continue
@@ -1196,8 +1230,14 @@ class Engine:
                     origin["champion_of"] = cases
                 if close:
                     origin["runner_up_of"] = close
-                items.append({"genome": r.genome.to_dict(), "operator": "warm_start",
+                if filled is not None:
+                    origin["rebased"] = {"filled": filled}
+                    rebased += 1
+                items.append({"genome": genome.to_dict(), "operator": "warm_start",
                               "meta": {"warm_start": origin}})
+            if rebased:
+                self._stats["warm_start_rebased"] = rebased
+                log.info("warm start: %d genomes took the family's current source", rebased)
             self._seed_queue.extendleft(reversed(items))  # ahead of the problem's seeds, in order
             queued = len(items)
             seed_ids = {self._canonical(g).id for g in self.problem.seeds}

@@ -195,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                     "for the same Problem on this same GPU (they lost there; its winners come back as elites "
                     "or champions) and times them all otherwise (another GPU, other shapes); 'all' always "
                     "times them; 'new' never times those it evaluated")
+    ap.add_argument("--warm-start-keep-source", action="store_true",
+                    help="with --warm-start: keep each genome's own kernel text; by default the genomes of that "
+                    "archive that only changed the family's knobs take the family's current text (knobs "
+                    "added since switched off), so its later knobs and fixes apply to them")
     ap.add_argument("--compare-dtypes", default="bfloat16,float16,float32",
                     help="dtypes compared against torch (torch.compile compiles once per case)")
     args = ap.parse_args(argv)
@@ -240,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = Engine(problem, arch, evaluator=evaluator, llm=llm, seed=args.seed,
                         config=EngineConfig(racing=not args.no_racing, warm_start_per_case=args.warm_start_per_case,
                                             warm_start_within=args.warm_start_within,
-                                            warm_start_seeds=args.warm_start_seeds),
+                                            warm_start_seeds=args.warm_start_seeds,
+                                            warm_start_rebase=not args.warm_start_keep_source),
                         warm_start=args.warm_start)
         best = engine.run(Budget(seconds=args.minutes * 60, evaluations=args.evaluations))
         if best is None:

@@ -407,6 +407,89 @@ def test_warm_start_records_which_operator_first_found_each_genome(tmp_path: Pat
         assert found[gid] == want, (op, meta)
 
 
+def _vec_wide(p: Any) -> bool:
+    return int(p["VEC"]) > 1
+
+
+def _family_v2(space_extra: dict, conditions: tuple = (), seeds: tuple = ()) -> Any:
+    """make_problem's family grown by knobs (``space_extra``) and a new kernel text."""
+    import dataclasses
+
+    from evo.space import ParamSpace
+
+    base = make_problem("cpu_axpy_v2")
+    space = ParamSpace({**base.params.params, **space_extra}, base.params.constraints, conditions)
+    return dataclasses.replace(base, params=space, seeds=seeds)
+
+
+def _old_archive(path: Path) -> dict[str, Genome]:
+    """An archive of the family as it was: a seed, two param-only descendants and an LLM rewrite."""
+    from archive import Archive
+
+    src = Archive(make_problem("cpu_axpy_v1"), str(path))
+    old = seed_genome()
+    made = {"seed": old, "param_mutation": old.with_params(UNROLL=2, VEC=2),
+            "param_crossover": old.with_params(UNROLL=4), "llm_rewrite": Genome(old.source + "\n// rewritten\n",
+                                                                               dict(old.params), entry=old.entry)}
+    for i, (op, g) in enumerate(made.items()):
+        src.add(Record(g, Evaluation(Status.OK, fitness=1.0 - 0.1 * i, resources={"registers": 8 + 8 * i}),
+                       operator=op))
+    src.close()
+    return made
+
+
+def test_warm_start_rebases_param_only_genomes_on_the_current_source(tmp_path: Path) -> None:
+    """The family gained a knob (with a condition) and a new kernel text: the old archive's seed and
+    its param-only descendants come back on the new text with the knob at its condition's default;
+    an LLM-rewritten genome keeps its own text, and lacking the knob it is skipped."""
+    from evo.space import Choice, Condition
+
+    made = _old_archive(tmp_path / "src")
+    new_source = made["seed"].source + "\n// v2: the FAST knob\n"
+    seed = Genome(new_source, {**made["seed"].params, "VEC": 2, "FAST": 1}, entry="axpy")
+    prob = _family_v2({"FAST": Choice((0, 1))}, (Condition("FAST", _vec_wide, 0, "FAST only with VEC > 1"),),
+                      seeds=(seed,))
+    cfg = EngineConfig(islands=1, warm_start_elites=4, warm_start_champions=False)
+    with Engine(prob, str(tmp_path / "dst"), evaluator=ParamsExecutor(), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        asked = eng.ask(4)
+        rebased = eng.stats().get("warm_start_rebased")
+    warm = [c for c in asked if c.operator == "warm_start"]
+    assert len(warm) == 3 and rebased == 3
+    assert all(c.genome.source == new_source for c in warm)
+    by_old = {c.meta["warm_start"]["source_id"]: c for c in warm}
+    assert set(by_old) == {made[k].id for k in ("seed", "param_mutation", "param_crossover")}
+    for op in ("seed", "param_mutation", "param_crossover"):
+        c = by_old[made[op].id]
+        assert dict(c.genome.params) == {**made[op].params, "FAST": 0}
+        assert c.meta["warm_start"]["rebased"] == {"filled": {"FAST": 0}}
+    assert asked[3].operator == "seed" and asked[3].genome == seed
+
+
+def test_warm_start_rebase_off_or_impossible_keeps_the_old_genomes_out(tmp_path: Path) -> None:
+    """warm_start_rebase=False keeps each genome's own text, so genomes lacking the new knob are
+    skipped; a new knob without a condition has no default to give them, so they are skipped too."""
+    from evo.space import Choice, Condition
+
+    made = _old_archive(tmp_path / "src")
+    seed = Genome(made["seed"].source + "\n// v2\n", {**made["seed"].params, "FAST": 0}, entry="axpy")
+    cond = (Condition("FAST", _vec_wide, 0, "FAST only with VEC > 1"),)
+    off = EngineConfig(islands=1, warm_start_elites=4, warm_start_champions=False, warm_start_rebase=False)
+    with Engine(_family_v2({"FAST": Choice((0, 1))}, cond, seeds=(seed,)), str(tmp_path / "off"),
+                evaluator=ParamsExecutor(), config=off, warm_start=str(tmp_path / "src")) as eng:
+        assert [c.operator for c in eng.ask(2)] == ["seed"]
+    on = EngineConfig(islands=1, warm_start_elites=4, warm_start_champions=False)
+    with Engine(_family_v2({"FAST": Choice((0, 1))}, seeds=(seed,)), str(tmp_path / "nocond"),
+                evaluator=ParamsExecutor(), config=on, warm_start=str(tmp_path / "src")) as eng:
+        assert [c.operator for c in eng.ask(2)] == ["seed"]
+    # the same family (no new knob, same text): nothing to rebase, every genome comes back as it was
+    with Engine(make_problem("cpu_axpy_v1"), str(tmp_path / "same"), evaluator=ParamsExecutor(), config=on,
+                warm_start=str(tmp_path / "src")) as eng:
+        warm = [c for c in eng.ask(5) if c.operator == "warm_start"]
+        assert {c.genome.id for c in warm} == {g.id for g in made.values()}
+        assert "warm_start_rebased" not in eng.stats()
+
+
 def test_archive_object_is_not_closed_by_engine(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     arch = Archive(problem, str(tmp_path / "a"))
     with Engine(problem, arch, evaluator=ParamsExecutor(), config=EngineConfig(islands=1)) as eng:
