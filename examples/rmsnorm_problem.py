@@ -887,6 +887,13 @@ def _c_bwd_stages(p: Mapping[str, Any]) -> bool:
     return int(p["ALGO"]) == 0 or not int(p["STAGES"]) or int(p["THREADS"]) <= 512
 
 
+def _c_bwd_dw_regs(p: Mapping[str, Any]) -> bool:
+    if int(p["ALGO"]) == 0 or not int(p["DW_REGS"]):
+        return True
+    tile = int(p["MAX_CHUNKS"]) * int(p["THREADS"])
+    return int(p["THREADS"]) <= 512 and tile <= 2048 and (not int(p["PREFETCH"]) or tile <= 512)
+
+
 def _b_prefetch(p: Mapping[str, Any]) -> bool:
     return int(p["ALGO"]) == 1 and not int(p["STAGES"])
 
@@ -898,7 +905,7 @@ def backward_param_space() -> ParamSpace:
                 "LOAD_HINT": Choice([0, 1, 2]), "MAX_CHUNKS": Choice([1, 2, 4, 8]),
                 "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64]),
                 "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1, 2, 4]), "TREE": Choice([0, 4, 8, 16]),
-                "STAGES": Choice([0, 1, 2, 3])},
+                "STAGES": Choice([0, 1, 2, 3]), "DW_REGS": Choice([0, 1])},
         constraints=(
             Constraint("ALGO 1 at 1024 threads: MAX_CHUNKS <= 2 (64 registers per thread; more chunks spill)",
                        _c_bwd_registers),
@@ -910,6 +917,8 @@ def backward_param_space() -> ParamSpace:
                        "barrier each)", _c_bwd_row_groups),
             Constraint("ALGO 1 with STAGES: THREADS <= 512 (at 1024 threads, 64 registers per thread, the "
                        "staging addresses spill)", _c_bwd_stages),
+            Constraint("ALGO 1 with DW_REGS: THREADS <= 512 and MAX_CHUNKS * THREADS <= 2048, <= 512 with "
+                       "PREFETCH (the dw sums in registers next to the rows; more spills)", _c_bwd_dw_regs),
         ),
         # Knobs one algorithm does not read (the engine pins them to these defaults there).
         conditions=(
@@ -923,13 +932,14 @@ def backward_param_space() -> ParamSpace:
             Condition("ROW_WARP", _b_persistent, 0, "ROW_WARP only with ALGO 1"),
             Condition("TREE", _b_persistent, 0, "TREE only with ALGO 1"),
             Condition("STAGES", _b_persistent, 0, "STAGES only with ALGO 1"),
+            Condition("DW_REGS", _b_persistent, 0, "DW_REGS only with ALGO 1"),
         ),
     )
 
 
 BWD_SEED_PARAMS: dict[str, int] = {"ALGO": 0, "THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0, "MAX_CHUNKS": 4,
                                    "CTAS_PER_SM": 2, "SMEM_DW": 1, "REDUCERS": 32, "PREFETCH": 0,
-                                   "ROW_WARP": 0, "TREE": 0, "STAGES": 0}
+                                   "ROW_WARP": 0, "TREE": 0, "STAGES": 0, "DW_REGS": 0}
 """The first backward seed: column and row CTAs (ALGO 0)."""
 
 BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (

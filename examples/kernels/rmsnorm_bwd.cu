@@ -42,7 +42,9 @@
 // 1, 2 or 4: that many warps per row when N / E <= MAX_CHUNKS * 32 * ROW_WARP, dw accumulated in
 // registers; see rows_warp), TREE (ALGO 1: 0, or S: partials summed in groups of S CTAs first),
 // STAGES (ALGO 1, rows held in registers: 0, or S: each thread copies its own chunks of its group's rows
-// S rows ahead into shared memory with cp.async and reads them back from there; see Stages below).
+// S rows ahead into shared memory with cp.async and reads them back from there; see Stages below),
+// DW_REGS (ALGO 1, a CTA per row held in registers: 1 keeps the thread's dw sums in registers, as
+// ROW_WARP does, and adds them to the accumulators once at the end; 0 adds each row's to them).
 #include <cuda_fp16.h>
 
 #ifndef THREADS
@@ -83,6 +85,9 @@
 #endif
 #ifndef STAGES
 #define STAGES 0
+#endif
+#ifndef DW_REGS
+#define DW_REGS 0
 #endif
 #if STAGES < 0 || STAGES > 3
 #error "STAGES must be 0 (rows loaded into registers) or 1..3 rows staged ahead in shared memory"
@@ -486,6 +491,12 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
     if (in_regs && blockIdx.x < M)
         load_chunks<DT>(x, dy, static_cast<long long>(blockIdx.x) * N, nch, threadIdx.x, THREADS, xn, gn);
 #endif
+    // DW_REGS: this thread's dw sums (its columns are the same in every row), added to acc at the end
+    float a[DW_REGS ? MAX_CHUNKS : 1][DW_REGS ? E : 1];
+#pragma unroll
+    for (int k = 0; k < (DW_REGS ? MAX_CHUNKS : 1); ++k)
+#pragma unroll
+        for (int e = 0; e < (DW_REGS ? E : 1); ++e) a[k][e] = 0.f;
     Stages<DT, THREADS> st(dyn, skip, 1, 0, N, threadIdx.x);
     const bool staged = STAGES > 0 && in_regs && st.on;
     if (staged) st.start(x, dy, blockIdx.x, step, M, N, nch, threadIdx.x);
@@ -515,7 +526,18 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
 #pragma unroll
             for (int k = 0; k < MAX_CHUNKS; ++k) {
                 const int c = threadIdx.x + k * THREADS;
-                if (c < nch) finish_chunk<DT>(xr[k], gr[k], w, dx, acc, base, c, r, coef);
+                if (c < nch) {
+#if DW_REGS
+                    float o[E];
+                    each_element<DT>(xr[k], gr[k], w, c, [&](int i, float xv, float g, float wv) {
+                        o[i] = r * g * wv - xv * coef;
+                        a[k][i] = fmaf(g, xv * r, a[k][i]);
+                    });
+                    st16<DT>(dx, base + static_cast<long long>(c) * E, o);
+#else
+                    finish_chunk<DT>(xr[k], gr[k], w, dx, acc, base, c, r, coef);
+#endif
+                }
             }
         } else {  // re-read (L1/L2-hot)
             for (int c = threadIdx.x; c < nch; c += THREADS)
@@ -523,6 +545,18 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
                                  ld16<DT>(dy, base + static_cast<long long>(c) * E), w, dx, acc, base, c, r, coef);
         }
     }
+#if DW_REGS
+    if (in_regs) {  // each column is this thread's alone, and acc holds zeros: the same sums, bit for bit
+#pragma unroll
+        for (int k = 0; k < MAX_CHUNKS; ++k) {
+            const int c = threadIdx.x + k * THREADS;
+            if (c < nch) {
+#pragma unroll
+                for (int e = 0; e < E; ++e) acc[c * E + e] += a[k][e];
+            }
+        }
+    }
+#endif
 }
 
 // ROW_WARP (RW warps per row): group g of the CTA (RW warps, GT = 32 * RW threads) takes rows

@@ -254,7 +254,12 @@ def _bwd(**kw: int) -> dict:
                                     _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=8, CTAS_PER_SM=1, STAGES=1),
                                     _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, ROW_WARP=2, TREE=8, STAGES=3),
                                     _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=4, ROW_WARP=2, STAGES=1, LOAD_HINT=2),
-                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, ROW_WARP=4, STAGES=3)])
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=8, ROW_WARP=4, STAGES=3),
+                                    # DW_REGS (dw sums in registers, a CTA per row) at its rule's edges
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=8, DW_REGS=1),
+                                    _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=4, DW_REGS=1, STAGES=1),
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, DW_REGS=1, PREFETCH=1),
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, DW_REGS=1, STAGES=2, TREE=8)])
 def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert make_backward_problem().params.is_valid(params)
     log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
@@ -284,6 +289,15 @@ def test_backward_stages_rule_is_needed(tmp_path: Path) -> None:
     params = _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, ROW_WARP=4, STAGES=3)
     assert not make_backward_problem().params.is_valid(params)
     assert make_backward_problem().params.is_valid(dict(params, STAGES=0))
+    assert _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)) > 0
+
+
+@pytest.mark.parametrize("kw", [{"THREADS": 1024, "MAX_CHUNKS": 2}, {"THREADS": 128, "MAX_CHUNKS": 8, "PREFETCH": 1}])
+def test_backward_dw_regs_rule_is_needed(tmp_path: Path, kw: dict) -> None:
+    """What the DW_REGS constraint forbids spills (and is valid with DW_REGS 0)."""
+    params = _bwd(ALGO=1, DW_REGS=1, **kw)
+    assert not make_backward_problem().params.is_valid(params)
+    assert make_backward_problem().params.is_valid(dict(params, DW_REGS=0))
     assert _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)) > 0
 
 
@@ -322,7 +336,8 @@ def test_backward_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path)
     from examples.rmsnorm_problem import bwd_launch
 
     case = Case({"M": 4096, "N": 4096}, "bfloat16")
-    pairs = [(_bwd(), _bwd(MAX_CHUNKS=8, CTAS_PER_SM=3, SMEM_DW=0, REDUCERS=8, PREFETCH=1, ROW_WARP=1, STAGES=2)),
+    pairs = [(_bwd(), _bwd(MAX_CHUNKS=8, CTAS_PER_SM=3, SMEM_DW=0, REDUCERS=8, PREFETCH=1, ROW_WARP=1, STAGES=2,
+                           DW_REGS=1)),
              (_bwd(ALGO=1), _bwd(ALGO=1, UNROLL=1))]
     space = make_backward_problem().params
     for i, (a, b) in enumerate(pairs):

@@ -529,7 +529,8 @@ def test_backward_stages(cuda_device) -> None:
     """STAGES (rows staged ahead in shared memory by cp.async): by CTA and by 1 or 2 warps, 1-3 slots,
     rings that wrap many times (M far above the grid), M below the grid and M = 1, a 128 KB fp32 row
     next to 64 KB of dw, rows that are not staged (not whole chunks, past the registers, past the dw
-    limit, misaligned views), and dw bitwise the same in two launches."""
+    limit, misaligned views), and dw bitwise the same in two launches; DW_REGS (dw sums in registers)
+    with and without STAGES, its dw bitwise that of the same genome without it."""
     import cupy as cp
 
     from examples.rmsnorm_problem import bwd_stage_bytes
@@ -540,7 +541,9 @@ def test_backward_stages(cuda_device) -> None:
               dict(base, THREADS=512, MAX_CHUNKS=8, CTAS_PER_SM=1, STAGES=1),
               dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, ROW_WARP=2, TREE=8, STAGES=3),
               dict(base, THREADS=128, MAX_CHUNKS=4, CTAS_PER_SM=3, ROW_WARP=1, STAGES=2, REDUCERS=64),
-              dict(base, THREADS=128, MAX_CHUNKS=1, CTAS_PER_SM=4, STAGES=3, SMEM_DW=0))
+              dict(base, THREADS=128, MAX_CHUNKS=1, CTAS_PER_SM=4, STAGES=3, SMEM_DW=0),
+              dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, STAGES=2, TREE=8, DW_REGS=1),
+              dict(base, THREADS=512, MAX_CHUNKS=4, CTAS_PER_SM=1, DW_REGS=1, SMEM_DW=0))
     genomes = [prob.seeds[0].with_params(**p) for p in params]
     for g in genomes:
         assert prob.params.is_valid(dict(g.params)), g.params
@@ -560,6 +563,10 @@ def test_backward_stages(cuda_device) -> None:
         first, _ = launch_case(prob, g, case, raw)
         again, _ = launch_case(prob, g, case, raw)
         assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
+        if g.params["DW_REGS"]:
+            plain, _ = launch_case(prob, g.with_params(DW_REGS=0), case, raw)
+            assert cp.array_equal(first["dw"], plain["dw"]), f"{g.params}: DW_REGS changed dw"
+            assert cp.array_equal(first["dx"], plain["dx"]), f"{g.params}: DW_REGS changed dx"
 
 
 def test_backward_seeds_through_evaluator(cuda_device) -> None:
