@@ -957,12 +957,6 @@ BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
     {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "ROW_WARP": 4, "PREFETCH": 1, "REDUCERS": 64},
     # 1K (16-bit): two warps per row, the partials summed in groups of 8 CTAs while others still stream
     {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "ROW_WARP": 2, "TREE": 8},
-    # rows staged ahead in shared memory by cp.async (registers hold only the current row):
-    # 4K (16-bit) two rows ahead per CTA; 16K (fp32) one row ahead (128 KB) next to 64 KB of dw;
-    # 1K (16-bit) by pairs of warps, three rows ahead per group
-    {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "STAGES": 2, "TREE": 8},
-    {"THREADS": 512, "MAX_CHUNKS": 8, "CTAS_PER_SM": 1, "STAGES": 1},
-    {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "ROW_WARP": 2, "TREE": 8, "STAGES": 3},
 )
 """Persistent (ALGO 1) seeds: x and dy read once, per-CTA dw partials reduced by the last CTAs."""
 

@@ -92,8 +92,9 @@
 #if STAGES < 0 || STAGES > 3
 #error "STAGES must be 0 (rows loaded into registers) or 1..3 rows staged ahead in shared memory"
 #endif
-#if ALGO == 1 && STAGES > 0 && PREFETCH
-#error "STAGES replaces PREFETCH (the next rows wait in shared memory, not in registers)"
+#if STAGES > 0 && PREFETCH  // STAGES replaces PREFETCH (the next rows wait in shared memory, not in
+#undef PREFETCH             // registers): the space pins PREFETCH to 0 under STAGES, and so does the kernel
+#define PREFETCH 0
 #endif
 #if TREE < 0 || TREE > 32
 #error "TREE must be 0 (flat) or a group size of at most 32 CTAs"

@@ -241,7 +241,7 @@ def test_backward_persistent_launch_and_workspace() -> None:
     ws = bwd_signature(big)[-1]
     assert ws.role == "workspace" and ws.numel == BWD_WS_HEADER + BWD_PARTS_MAX * 16384
     assert bwd_signature(Case({"M": 3, "N": 7}, "float32"))[-1].numel == BWD_WS_HEADER + 3 * 7
-    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 14
+    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 11
 
 
 def test_backward_stage_bytes() -> None:
