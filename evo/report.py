@@ -64,8 +64,9 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
         fastest seed's time on that case, or None) and ``speedup``
         (``seed_ms / time_ms``, or None), ``found_by`` (the operator that first made the
         genome: its own, or for a warm-started record the one its earlier run recorded,
-        None where that archive did not say). Seeds are the records of the operators
-        ``"seed"`` and ``"warm_start"``.
+        None where that archive did not say), ``rebased`` (a warm-started genome that took the
+        family's current kernel text, EngineConfig.warm_start_rebase). Seeds are the records of
+        the operators ``"seed"`` and ``"warm_start"``.
     """
     from evo.engine import SEED_OPERATORS, _found_by
     from evo.export import best_per_case
@@ -82,7 +83,8 @@ def case_champions(records: Sequence[Any]) -> list[dict[str, Any]]:
         out.append({"case": key, "time_ms": t, "fraction": frac, "id": rec.id, "operator": rec.operator,
                     "evaluation": rec.seq + 1 if rec.seq >= 0 else None, "seed": rec.operator in SEED_OPERATORS,
                     "params": dict(rec.genome.params), "steps": None, "seed_ms": seed_ms,
-                    "speedup": seed_ms / t if seed_ms is not None else None, "found_by": _found_by(rec)})
+                    "speedup": seed_ms / t if seed_ms is not None else None, "found_by": _found_by(rec),
+                    "rebased": "rebased" in ((rec.meta or {}).get("warm_start") or {})})
     return out
 
 
@@ -479,8 +481,9 @@ def write_report(archive_path: str | os.PathLike[str], out_dir: str | os.PathLik
                "seed / champion |", "| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |"]
         for c in champions:
             op = c["operator"]
-            if op == "warm_start" and c.get("found_by"):
-                op = f"warm_start ({c['found_by']})"
+            if op == "warm_start" and (c.get("found_by") or c.get("rebased")):
+                op = "warm_start (" + ", ".join([*([c["found_by"]] if c.get("found_by") else []),
+                                                 *(["on the current kernel text"] if c.get("rebased") else [])]) + ")"
             md.append(f"| {c['case']} | {_g(c['time_ms'])} | {_g(c['fraction'], '.1%')} | `{c['id'][:12]}` | "
                       f"{op} | {_g(c['evaluation'])} | {_g(c['steps'])} | "
                       f"{_g(c['speedup'], '.3f')}{'x' if c['speedup'] is not None else ''} |")

@@ -130,7 +130,24 @@ def test_report_says_where_warm_started_champions_were_first_found(tmp_path: Pat
     assert f"| {keys[0]} | 0.01 | - | `{crossed.id[:12]}` | warm_start (param_crossover) |" in text
     (c,) = [c for c in case_champions([rec(mutated, keys[1], "warm_start", {"found_by": "param_mutation"})])
             if c["case"] == keys[1]]
-    assert c["found_by"] == "param_mutation" and c["seed"]
+    assert c["found_by"] == "param_mutation" and c["seed"] and not c["rebased"]
+
+
+def test_report_says_which_warm_started_champions_took_the_current_kernel_text(tmp_path: Path) -> None:
+    """A champion the engine rebased on the family's current text (meta.warm_start.rebased) says so."""
+    from archive import Archive
+
+    a = Archive(make_problem(), str(tmp_path / "a"))
+    g = Genome("extern \"C\" __global__ void axpy() {}", {"UNROLL": 1, "VEC": 1, "THREADS": 128}, entry="axpy")
+    cases = {"N=1000:float32": {"time_ms": 0.5}}
+    ev = Evaluation(Status.OK, fitness=0.5, metrics={"cases": cases}, resources={"registers": 32})
+    a.add(Record(g, ev, operator="warm_start",
+                 meta={"warm_start": {"source_id": "x", "found_by": "param_mutation", "rebased": {"filled": {}}}}))
+    a.close()
+    text = write_report(tmp_path / "a", tmp_path / "rep").read_text()
+    assert "| warm_start (param_mutation, on the current kernel text) |" in text
+    (c,) = case_champions([Record(g, ev, operator="warm_start", meta={"warm_start": {"rebased": {"filled": {}}}})])
+    assert c["rebased"] and c["found_by"] is None
 
 
 def test_case_champions_without_seeds_or_lineage() -> None:
