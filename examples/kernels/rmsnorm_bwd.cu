@@ -382,6 +382,35 @@ __device__ __forceinline__ float chunks_dot(const uint4 (&xr)[MAX_CHUNKS], const
     return dot;
 }
 
+// dx of chunk c held in registers (xv of x, gv of dy), and its dy*x*rstd added to the thread's own
+// dw sums s in registers (its columns are the same in every row: ROW_WARP, DW_REGS).
+template <int DT>
+__device__ __forceinline__ void finish_chunk_regs(uint4 xv, uint4 gv, const float* w, void* dx, long long base, int c,
+                                                  float r, float coef, float (&s)[Chunk<DT>::E]) {
+    constexpr int E = Chunk<DT>::E;
+    float o[E];
+    each_element<DT>(xv, gv, w, c, [&](int i, float xv_, float g, float wv) {
+        o[i] = r * g * wv - xv_ * coef;
+        s[i] = fmaf(g, xv_ * r, s[i]);
+    });
+    st16<DT>(dx, base + static_cast<long long>(c) * E, o);
+}
+
+// The thread's dw sums of its chunks (c = first + k * stride < nch), added to the accumulators acc.
+template <int DT>
+__device__ __forceinline__ void add_sums(const float (&a)[MAX_CHUNKS][Chunk<DT>::E], float* acc, int nch, int first,
+                                         int stride) {
+    constexpr int E = Chunk<DT>::E;
+#pragma unroll
+    for (int k = 0; k < MAX_CHUNKS; ++k) {
+        const int c = first + k * stride;
+        if (c < nch) {
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[c * E + e] += a[k][e];
+        }
+    }
+}
+
 // ---- STAGES: rows staged ahead in shared memory.
 // The launch gives, after the dw accumulators (N floats with SMEM_DW, else none), STAGES slots of
 // `groups` rows of x and dy each (slot s, group g: x at ((s * groups + g) * 2) * rowbytes, dy right
@@ -529,12 +558,7 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
                 const int c = threadIdx.x + k * THREADS;
                 if (c < nch) {
 #if DW_REGS
-                    float o[E];
-                    each_element<DT>(xr[k], gr[k], w, c, [&](int i, float xv, float g, float wv) {
-                        o[i] = r * g * wv - xv * coef;
-                        a[k][i] = fmaf(g, xv * r, a[k][i]);
-                    });
-                    st16<DT>(dx, base + static_cast<long long>(c) * E, o);
+                    finish_chunk_regs<DT>(xr[k], gr[k], w, dx, base, c, r, coef, a[k]);
 #else
                     finish_chunk<DT>(xr[k], gr[k], w, dx, acc, base, c, r, coef);
 #endif
@@ -547,16 +571,8 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
         }
     }
 #if DW_REGS
-    if (in_regs) {  // each column is this thread's alone, and acc holds zeros: the same sums, bit for bit
-#pragma unroll
-        for (int k = 0; k < MAX_CHUNKS; ++k) {
-            const int c = threadIdx.x + k * THREADS;
-            if (c < nch) {
-#pragma unroll
-                for (int e = 0; e < E; ++e) acc[c * E + e] += a[k][e];
-            }
-        }
-    }
+    // each column is this thread's alone, and acc holds zeros: the same sums, bit for bit
+    if (in_regs) add_sums<DT>(a, acc, nch, threadIdx.x, THREADS);
 #endif
 }
 
@@ -614,27 +630,11 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
 #pragma unroll
         for (int k = 0; k < MAX_CHUNKS; ++k) {
             const int c = tg + GT * k;
-            if (c < nch) {
-                float o[E];
-                each_element<DT>(xr[k], gr[k], w, c, [&](int i, float xv, float g, float wv) {
-                    o[i] = r * g * wv - xv * coef;
-                    a[k][i] = fmaf(g, xv * r, a[k][i]);
-                });
-                st16<DT>(dx, base + static_cast<long long>(c) * E, o);
-            }
+            if (c < nch) finish_chunk_regs<DT>(xr[k], gr[k], w, dx, base, c, r, coef, a[k]);
         }
     }
     for (int v = 0; v < WARPS; ++v) {
-        if (warp == v) {
-#pragma unroll
-            for (int k = 0; k < MAX_CHUNKS; ++k) {
-                const int c = tg + GT * k;
-                if (c < nch) {
-#pragma unroll
-                    for (int e = 0; e < E; ++e) acc[c * E + e] += a[k][e];
-                }
-            }
-        }
+        if (warp == v) add_sums<DT>(a, acc, nch, tg, GT);
         __syncthreads();
     }
 }
