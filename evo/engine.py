@@ -1214,7 +1214,10 @@ class Engine:
                         if rank < len(recs):
                             picks.setdefault(recs[rank].genome.id, (recs[rank], [], []))[1 if rank == 0 else 2].append(case)
             items: list[dict[str, Any]] = []
-            old_seeds = self._seed_sources(src) if self.config.warm_start_rebase else set()
+            # the seed texts there (a read of the whole archive) only when some pick is on another text
+            current = {g.source for g in self.problem.seeds}
+            stale = any(r.genome.source not in current for r, _, _ in picks.values())
+            old_seeds = self._seed_sources(src) if self.config.warm_start_rebase and stale else set()
             rebased = 0
             for r, cases, close in picks.values():
                 genome, filled = r.genome, None
