@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import copy_by_size as cbs  # noqa: E402
 
-from fitness._device import gpu_available  # noqa: E402
+from tests.marks import needs_gpu, without_gpu  # noqa: E402
 
 
 @pytest.mark.parametrize("text,nbytes", [("4096", 4096), ("512M", 512 << 20), ("1G", 1 << 30),
@@ -57,14 +57,14 @@ def test_bad_arguments_are_refused_before_any_gpu_work(capsys: pytest.CaptureFix
     assert "at least one size" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(gpu_available(), reason="checks the message on a machine without a GPU")
+@without_gpu
 def test_no_gpu_is_a_clear_error() -> None:
     with pytest.raises(SystemExit, match="needs"):
         cbs.main(["--sizes", "1M"])
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+@needs_gpu
 def test_small_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     out = tmp_path / "c.json"

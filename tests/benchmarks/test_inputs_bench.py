@@ -15,7 +15,7 @@ import inputs_bench  # noqa: E402
 
 from evo.types import Case  # noqa: E402
 from fitness import NormalDraw  # noqa: E402
-from fitness._device import gpu_available  # noqa: E402
+from tests.marks import needs_gpu, without_gpu  # noqa: E402
 
 
 def test_parse_shapes_and_errors() -> None:
@@ -40,14 +40,14 @@ def test_eager_draws_what_the_deferred_draw_would() -> None:
     assert np.array_equal(arrays["x"], lazy["x"].values(np)) and np.array_equal(arrays["w"], lazy["w"])
 
 
-@pytest.mark.skipif(gpu_available(), reason="checks the message on a machine without a GPU")
+@without_gpu
 def test_no_gpu_is_a_clear_error() -> None:
     with pytest.raises(SystemExit, match="needs a usable CUDA device"):
         inputs_bench.main(["--shapes", "8x8"])
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+@needs_gpu
 @pytest.mark.parametrize("backward", [False, True])
 def test_small_run_stores_the_same_bits(backward: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--shapes", "300x1000,7x4099", "--repeats", "2", "--out", str(tmp_path / "r.json")]

@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import normal_bench  # noqa: E402
 
-from fitness._device import gpu_available  # noqa: E402
+from tests.marks import needs_gpu, without_gpu  # noqa: E402
 
 
 def test_parse_shapes() -> None:
@@ -31,7 +31,7 @@ def test_bad_arguments_are_clear_errors() -> None:
         normal_bench.main(["--store", "bfloat16,int8"])
 
 
-@pytest.mark.skipif(gpu_available(), reason="checks the message on a machine without a GPU")
+@without_gpu
 def test_no_gpu_is_a_clear_error() -> None:
     with pytest.raises(SystemExit, match="needs a usable CUDA device"):
         normal_bench.main(["--shapes", "1000"])
@@ -45,7 +45,7 @@ def test_first_form_compiles_with_nvcc(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+@needs_gpu
 @pytest.mark.parametrize("shape", [(1000, 1001), (7,), (5, 1), (3, 2), (1, 9), (3000, 3001), (513, 16384)])
 @pytest.mark.parametrize("per_row", [True, False])
 def test_current_generator_draws_the_first_forms_bits(shape: tuple[int, ...], per_row: bool) -> None:
@@ -58,7 +58,7 @@ def test_current_generator_draws_the_first_forms_bits(shape: tuple[int, ...], pe
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+@needs_gpu
 def test_small_run_prints_same_bits(capsys: pytest.CaptureFixture[str]) -> None:
     assert normal_bench.main(["--shapes", "1000x1001,77", "--repeats", "2", "--store", "bfloat16,float16"]) == 0
     out = capsys.readouterr().out

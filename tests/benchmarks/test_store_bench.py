@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import store_bench  # noqa: E402
 
-from fitness._device import gpu_available  # noqa: E402
+from tests.marks import needs_gpu, without_gpu  # noqa: E402
 
 
 def test_bad_sizes_are_a_clear_error() -> None:
@@ -21,14 +21,14 @@ def test_bad_sizes_are_a_clear_error() -> None:
         store_bench.main(["--repeats", "0"])
 
 
-@pytest.mark.skipif(gpu_available(), reason="checks the message on a machine without a GPU")
+@without_gpu
 def test_no_gpu_is_a_clear_error() -> None:
     with pytest.raises(SystemExit, match="needs a usable CUDA device"):
         store_bench.main(["--sizes", "1000"])
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+@needs_gpu
 def test_small_run_prints_same_bits(capsys: pytest.CaptureFixture[str]) -> None:
     assert store_bench.main(["--sizes", "100003", "--repeats", "2"]) == 0
     out = capsys.readouterr().out

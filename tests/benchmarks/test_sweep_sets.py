@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import rmsnorm_sweep  # noqa: E402
 
 from examples.rmsnorm_problem import make_forward_problem  # noqa: E402
-from fitness._device import gpu_available  # noqa: E402
+from tests.marks import needs_gpu  # noqa: E402
 
 
 @pytest.mark.parametrize("make", list(rmsnorm_sweep.SETS.values()), ids=list(rmsnorm_sweep.SETS))
@@ -57,7 +57,7 @@ def test_missing_source_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+@needs_gpu
 def test_source_option_reads_the_given_kernel(tmp_path: Path) -> None:
     """--source sweeps another kernel file: a broken one fails to compile, and says so in the table."""
     bad = tmp_path / "broken.cu"

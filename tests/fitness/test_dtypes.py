@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fitness._device import gpu_available
 from fitness._dtypes import (
     checksum,
     from_storage,
@@ -21,6 +20,7 @@ from fitness._dtypes import (
     to_storage,
     upcast,
 )
+from tests.marks import needs_gpu
 
 
 def _bf16_reference(x: np.ndarray) -> np.ndarray:
@@ -101,7 +101,7 @@ def test_poison_is_nan_for_floats(dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+@needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 def test_gpu_poison_sets_all_ones_and_nothing_around(dtype):
     import cupy as cp

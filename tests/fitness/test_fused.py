@@ -10,13 +10,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from fitness._device import gpu_available
 from fitness._dtypes import checksum, from_storage, storage_dtype, store_into, to_storage
 from fitness._fused import _NAMES, SOURCE, fused_for
 from fitness._gate import compare
 from tests.fitness.conftest import needs_nvrtc
-
-needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
+from tests.marks import needs_gpu
 
 
 def test_fused_is_none_for_numpy():

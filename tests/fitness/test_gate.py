@@ -27,7 +27,6 @@ from fitness._device import (
     LaunchConfigError,
     allocate_buffers,
     fit_resident,
-    gpu_available,
     make_canary,
     needs_dyn_shared_optin,
     validate_launch,
@@ -45,6 +44,7 @@ from fitness._gate import (
 )
 from fitness._stage import INCUMBENTS, Job, StageContext
 from tests.fitness.adversarial import problem as rp
+from tests.marks import needs_gpu
 
 CPU_DEVICE = DeviceInfo("cpu-standin", "0.0", sm_count=1, l2_bytes=1 << 16, shared_per_block_optin=48 * 1024,
                         copy_gbps=10.0)
@@ -746,7 +746,6 @@ def test_aggregation_helpers():
 # --------------------------------------------------------------------------- GPU
 
 
-needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA device")
 KERNEL_DIR = Path(rp.__file__).with_name("kernels")
 
 
