@@ -291,6 +291,13 @@ BLOCK_SMEM_OPTIN = 227 * 1024
 """Largest dynamic shared memory one CTA may opt in to on Hopper (bytes)."""
 
 
+def _smem_per_cta(ctas_per_sm: int, static: int) -> int:
+    """Dynamic shared memory each of ``max(ctas_per_sm, 1)`` CTAs sharing an SM may ask for, after
+    the system's 1 KB per CTA and ``static`` bytes of the kernel's static arrays (the per-CTA opt-in
+    limit counts those too)."""
+    return min(BLOCK_SMEM_OPTIN, SM_SMEM // max(ctas_per_sm, 1) - 1024) - static
+
+
 def pipe_slice_bytes(params: Mapping[str, Any], case: Case) -> int:
     """STAGE 3: bytes of one row that one CTA of the cluster holds (whole 16-byte chunks)."""
     row = case["N"] * DTYPE_BYTES[case.dtype]
@@ -316,7 +323,7 @@ def pipe_rows(params: Mapping[str, Any], case: Case) -> int:
     if row % 16:
         return 0
     slice_b = pipe_slice_bytes(params, case)
-    per_cta = min(BLOCK_SMEM_OPTIN, SM_SMEM // max(_p(params, "PERSISTENT"), 1) - 3 * 1024)
+    per_cta = _smem_per_cta(_p(params, "PERSISTENT"), 2 * 1024)
     per_cta -= pipe_weight_bytes(params, case)
     rows = per_cta // (_p(params, "PIPE") * slice_b) if slice_b and per_cta > 0 else 0
     cap = _p(params, "TILE_ROWS")
@@ -848,8 +855,7 @@ def bwd_stage_bytes(params: Mapping[str, Any], case: Case) -> int:
     else:
         return 0
     need = stages * groups * 2 * row
-    static = 4 * threads + 16  # the kernel's red[THREADS] and ticket
-    per_cta = min(BLOCK_SMEM_OPTIN, SM_SMEM // _p(params, "CTAS_PER_SM") - 1024) - static
+    per_cta = _smem_per_cta(_p(params, "CTAS_PER_SM"), 4 * threads + 16)  # static: red[THREADS] and the ticket
     return need if bwd_dw_smem_bytes(params, case) + need <= per_cta else 0
 
 
