@@ -813,14 +813,18 @@ def bwd_reference(inputs: Mapping[str, Any], case: Case, xp: Any = np) -> dict[s
 def bwd_launch(params: Mapping[str, Any], case: Case, device: DeviceInfo | Mapping[str, Any] | None = None) -> Launch:
     """ALGO 0: ``ceil(N / 32)`` dw column CTAs, then one CTA per row for dx. ALGO 1: a persistent
     grid of ``min(M, CTAS_PER_SM * SMs, BWD_PARTS_MAX)`` CTAs, with N float32 of dynamic shared
-    memory for the dw accumulators when SMEM_DW and N <= BWD_SMEM_COLS (see docs/rmsnorm.md)."""
+    memory for the dw accumulators when SMEM_DW and N <= BWD_SMEM_COLS (see docs/rmsnorm.md); with
+    SPLIT = S > 1 clusters of S CTAs, each cluster taking the rows a CTA would (S times
+    ``min(M, CTAS_PER_SM * SMs // S, BWD_PARTS_MAX // S)`` CTAs, so at least one cluster)."""
     m, n = case["M"], case["N"]
     threads = _p(params, "THREADS")
     if int(params.get("ALGO", 0)) == 0:
         return Launch(grid=(-(-n // 32) + m, 1, 1), block=(threads, 1, 1))
-    g = max(1, min(m, _p(params, "CTAS_PER_SM") * _sm_count(device), BWD_PARTS_MAX))
+    split = int(params.get("SPLIT", 1))
+    rows = max(1, min(m, _p(params, "CTAS_PER_SM") * _sm_count(device) // split, BWD_PARTS_MAX // split))
     smem = bwd_dw_smem_bytes(params, case) + bwd_stage_bytes(params, case)
-    return Launch(grid=(g, 1, 1), block=(threads, 1, 1), shared_mem=smem)
+    return Launch(grid=(rows * split, 1, 1), block=(threads, 1, 1), shared_mem=smem,
+                  cluster=(split, 1, 1) if split > 1 else None)
 
 
 def bwd_dw_smem_bytes(params: Mapping[str, Any], case: Case) -> int:
@@ -900,6 +904,11 @@ def _c_bwd_dw_regs(p: Mapping[str, Any]) -> bool:
     return int(p["THREADS"]) <= 512 and tile <= 2048 and (not int(p["PREFETCH"]) or tile <= 512)
 
 
+def _c_bwd_split(p: Mapping[str, Any]) -> bool:
+    return int(p["ALGO"]) == 0 or int(p["SPLIT"]) == 1 or not (int(p["ROW_WARP"]) or int(p["TREE"])
+                                                            or int(p["STAGES"]))
+
+
 def _b_prefetch(p: Mapping[str, Any]) -> bool:
     return int(p["ALGO"]) == 1 and not int(p["STAGES"])
 
@@ -911,7 +920,7 @@ def backward_param_space() -> ParamSpace:
                 "LOAD_HINT": Choice([0, 1, 2]), "MAX_CHUNKS": Choice([1, 2, 4, 8]),
                 "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64]),
                 "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1, 2, 4]), "TREE": Choice([0, 4, 8, 16]),
-                "STAGES": Choice([0, 1, 2, 3]), "DW_REGS": Choice([0, 1])},
+                "STAGES": Choice([0, 1, 2, 3]), "DW_REGS": Choice([0, 1]), "SPLIT": Choice([1, 2, 4])},
         constraints=(
             Constraint("ALGO 1 at 1024 threads: MAX_CHUNKS <= 2 (64 registers per thread; more chunks spill)",
                        _c_bwd_registers),
@@ -925,6 +934,8 @@ def backward_param_space() -> ParamSpace:
                        "staging addresses spill)", _c_bwd_stages),
             Constraint("ALGO 1 with DW_REGS: THREADS <= 512 and MAX_CHUNKS * THREADS <= 2048, <= 512 with "
                        "PREFETCH (the dw sums in registers next to the rows; more spills)", _c_bwd_dw_regs),
+            Constraint("ALGO 1 with SPLIT > 1 (a row over a cluster of CTAs): ROW_WARP 0, TREE 0 and STAGES 0",
+                       _c_bwd_split),
         ),
         # Knobs one algorithm does not read (the engine pins them to these defaults there).
         conditions=(
@@ -939,13 +950,14 @@ def backward_param_space() -> ParamSpace:
             Condition("TREE", _b_persistent, 0, "TREE only with ALGO 1"),
             Condition("STAGES", _b_persistent, 0, "STAGES only with ALGO 1"),
             Condition("DW_REGS", _b_persistent, 0, "DW_REGS only with ALGO 1"),
+            Condition("SPLIT", _b_persistent, 1, "SPLIT only with ALGO 1"),
         ),
     )
 
 
 BWD_SEED_PARAMS: dict[str, int] = {"ALGO": 0, "THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0, "MAX_CHUNKS": 4,
                                    "CTAS_PER_SM": 2, "SMEM_DW": 1, "REDUCERS": 32, "PREFETCH": 0,
-                                   "ROW_WARP": 0, "TREE": 0, "STAGES": 0, "DW_REGS": 0}
+                                   "ROW_WARP": 0, "TREE": 0, "STAGES": 0, "DW_REGS": 0, "SPLIT": 1}
 """The first backward seed: column and row CTAs (ALGO 0)."""
 
 BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
@@ -961,6 +973,11 @@ BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
     # four warps per row (a named barrier per row group, not the CTA's): N = 4K (16-bit) with 4 chunks
     {"THREADS": 256, "MAX_CHUNKS": 4, "CTAS_PER_SM": 2, "ROW_WARP": 4, "REDUCERS": 64},
     {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "ROW_WARP": 4, "PREFETCH": 1, "REDUCERS": 64},
+    # a row over a cluster of CTAs (SPLIT), so two CTAs share an SM: 16K fp32 in halves of 256 x 8 chunks,
+    # and in quarters of 256 x 4 with the next row in flight; 4K 16-bit in halves with PREFETCH
+    {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 2, "SPLIT": 2, "REDUCERS": 64},
+    {"THREADS": 256, "MAX_CHUNKS": 4, "CTAS_PER_SM": 2, "SPLIT": 4, "PREFETCH": 1, "REDUCERS": 64},
+    {"THREADS": 128, "MAX_CHUNKS": 2, "CTAS_PER_SM": 4, "SPLIT": 2, "PREFETCH": 1, "REDUCERS": 64},
     # 1K (16-bit): two warps per row, the partials summed in groups of 8 CTAs while others still stream
     {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "ROW_WARP": 2, "TREE": 8},
 )

@@ -89,6 +89,19 @@
 #ifndef DW_REGS
 #define DW_REGS 0
 #endif
+#ifndef SPLIT
+#define SPLIT 1
+#endif
+#if SPLIT != 1 && SPLIT != 2 && SPLIT != 4
+#error "SPLIT must be 1, 2 or 4 CTAs per row"
+#endif
+#if ALGO != 1 && SPLIT != 1  // a knob of ALGO 1 only (the space pins it to 1 under ALGO 0, and so does the kernel)
+#undef SPLIT
+#define SPLIT 1
+#endif
+#if SPLIT > 1 && (ROW_WARP != 0 || TREE != 0 || STAGES != 0)
+#error "SPLIT > 1 needs ALGO 1 with ROW_WARP 0, TREE 0 and STAGES 0"
+#endif
 #if STAGES < 0 || STAGES > 3
 #error "STAGES must be 0 (rows loaded into registers) or 1..3 rows staged ahead in shared memory"
 #endif
@@ -315,6 +328,44 @@ __device__ __forceinline__ float block_sum(float v, float* red, int& parity) {
     return s;
 }
 
+#if SPLIT > 1
+// SPLIT: a row shared by the SPLIT CTAs of a cluster (each holds its own contiguous share of the row's
+// columns), so its dot product is summed over the cluster.
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+// One row's dot over the cluster: each warp's sum goes to slot (parity, rank, warp) of every CTA's red
+// (2 * SPLIT * WARPS floats) by st.shared::cluster, one cluster barrier, then every thread adds the
+// SPLIT * WARPS slots in rank and warp order, so every CTA of the cluster gets the same bits. Slots
+// alternate by row: a CTA writes row i + 2's only after the barrier of row i + 1, which every thread
+// of the cluster reaches after reading row i's.
+__device__ __forceinline__ float row_sum(float v, float* red, int& parity) {
+    v = warp_sum(v);
+    if ((threadIdx.x & 31) == 0) {
+        unsigned rank;
+        asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
+        const unsigned local = static_cast<unsigned>(
+            __cvta_generic_to_shared(red + (parity * SPLIT + rank) * WARPS + (threadIdx.x >> 5)));
+#pragma unroll
+        for (unsigned r = 0; r < SPLIT; ++r) {
+            unsigned ra;
+            asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(local), "r"(r));
+            asm volatile("st.shared::cluster.f32 [%0], %1;" : : "r"(ra), "f"(v) : "memory");
+        }
+    }
+    cluster_sync();
+    float s = 0.f;
+#pragma unroll
+    for (int k = 0; k < SPLIT * WARPS; ++k) s += red[parity * SPLIT * WARPS + k];
+    parity ^= 1;
+    return s;
+}
+#else
+__device__ __forceinline__ float row_sum(float v, float* red, int& parity) { return block_sum(v, red, parity); }
+#endif
+
 // This thread's chunks (c = first + k * stride < nch) of one row of x and dy, into registers.
 template <int DT>
 __device__ __forceinline__ void load_chunks(const void* x, const void* dy, long long base, int nch, int first,
@@ -506,20 +557,26 @@ struct Stages {
     }
 };
 
-// 16-byte chunks; acc: this CTA's dw accumulators (shared or its partial row in ws), N floats.
+// 16-byte chunks; acc: this CTA's dw accumulators (shared or its partial row in ws), N floats. The CTA
+// takes chunks [lo, hi) of its rows (all of them, or with SPLIT its cluster rank's share): rows
+// blockIdx.x / SPLIT, then every (gridDim.x / SPLIT)-th.
 template <int DT>
 __device__ void rows_vec(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
-                         int M, int N, float* red, char* dyn, unsigned skip) {
+                         int M, int N, float* red, char* dyn, unsigned skip, int lo, int share_hi) {
     constexpr int E = Chunk<DT>::E;
     const int nch = N / E;
-    const bool in_regs = nch <= MAX_CHUNKS * THREADS;
-    const long long step = gridDim.x;
+    const int hi = SPLIT > 1 ? share_hi : nch;  // (SPLIT 1: the same, as the compiler sees it)
+    const int first = SPLIT > 1 ? lo + static_cast<int>(threadIdx.x) : threadIdx.x;
+    // the first chunk of the loops over all of the CTA's chunks (SPLIT 1: spelt as the compiler folds it best)
+#define FIRST_C (SPLIT > 1 ? first : threadIdx.x)
+    const bool in_regs = hi - lo <= MAX_CHUNKS * THREADS;
+    const long long step = gridDim.x / SPLIT;
     int parity = 0;
     uint4 xr[MAX_CHUNKS], gr[MAX_CHUNKS];
     uint4 xn[MAX_CHUNKS], gn[MAX_CHUNKS];  // PREFETCH: the CTA's next row, loaded while this one is reduced
 #if PREFETCH
-    if (in_regs && blockIdx.x < M)
-        load_chunks<DT>(x, dy, static_cast<long long>(blockIdx.x) * N, nch, threadIdx.x, THREADS, xn, gn);
+    if (in_regs && blockIdx.x / SPLIT < M)
+        load_chunks<DT>(x, dy, static_cast<long long>(blockIdx.x / SPLIT) * N, hi, first, THREADS, xn, gn);
 #endif
     // DW_REGS: this thread's dw sums (its columns are the same in every row), added to acc at the end
     float a[DW_REGS ? MAX_CHUNKS : 1][DW_REGS ? E : 1];
@@ -527,20 +584,20 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
     for (int k = 0; k < (DW_REGS ? MAX_CHUNKS : 1); ++k)
 #pragma unroll
         for (int e = 0; e < (DW_REGS ? E : 1); ++e) a[k][e] = 0.f;
-    Stages<DT, THREADS> st(dyn, skip, 1, 0, N, threadIdx.x);
+    Stages<DT, THREADS> st(dyn, skip, 1, 0, N, threadIdx.x);  // STAGES > 0: SPLIT 1, so [lo, hi) = [0, nch)
     const bool staged = STAGES > 0 && in_regs && st.on;
     if (staged) st.start(x, dy, blockIdx.x, step, M, N, nch, threadIdx.x);
-    for (long long row = blockIdx.x; row < M; row += step) {
+    for (long long row = blockIdx.x / SPLIT; row < M; row += step) {
         const long long base = row * N;
         float dot = 0.f;
         if (staged) {
             st.take(nch, threadIdx.x, xr, gr);
             dot = chunks_dot<DT>(xr, gr, w, nch, threadIdx.x, THREADS);
         } else if (in_regs) {
-            take_row<DT>(x, dy, base, step * N, row + step < M, nch, threadIdx.x, THREADS, xr, gr, xn, gn);
-            dot = chunks_dot<DT>(xr, gr, w, nch, threadIdx.x, THREADS);
+            take_row<DT>(x, dy, base, step * N, row + step < M, hi, first, THREADS, xr, gr, xn, gn);
+            dot = chunks_dot<DT>(xr, gr, w, hi, first, THREADS);
         } else {
-            for (int c = threadIdx.x; c < nch; c += THREADS) {
+            for (int c = FIRST_C; c < hi; c += THREADS) {
                 float xf[E], gf[E];
                 unpack<DT>(ld16<DT>(x, base + static_cast<long long>(c) * E), xf);
                 unpack<DT>(ld16<DT>(dy, base + static_cast<long long>(c) * E), gf);
@@ -548,15 +605,15 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
                 for (int e = 0; e < E; ++e) dot = fmaf(xf[e], gf[e] * __ldg(w + c * E + e), dot);
             }
         }
-        dot = block_sum(dot, red, parity);
+        dot = row_sum(dot, red, parity);
         if (staged) st.refill(x, dy, row + STAGES * step, M, N, nch, threadIdx.x);  // after block_sum's barrier
         const float r = __ldg(rstd + row);
         const float coef = r * r * r * dot / static_cast<float>(N);
         if (in_regs) {
 #pragma unroll
             for (int k = 0; k < MAX_CHUNKS; ++k) {
-                const int c = threadIdx.x + k * THREADS;
-                if (c < nch) {
+                const int c = first + k * THREADS;
+                if (c < hi) {
 #if DW_REGS
                     finish_chunk_regs<DT>(xr[k], gr[k], w, dx, base, c, r, coef, a[k]);
 #else
@@ -565,15 +622,16 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
                 }
             }
         } else {  // re-read (L1/L2-hot)
-            for (int c = threadIdx.x; c < nch; c += THREADS)
+            for (int c = FIRST_C; c < hi; c += THREADS)
                 finish_chunk<DT>(ld16<DT>(x, base + static_cast<long long>(c) * E),
                                  ld16<DT>(dy, base + static_cast<long long>(c) * E), w, dx, acc, base, c, r, coef);
         }
     }
 #if DW_REGS
     // each column is this thread's alone, and acc holds zeros: the same sums, bit for bit
-    if (in_regs) add_sums<DT>(a, acc, nch, threadIdx.x, THREADS);
+    if (in_regs) add_sums<DT>(a, acc, hi, first, THREADS);
 #endif
+#undef FIRST_C
 }
 
 // ROW_WARP (RW warps per row): group g of the CTA (RW warps, GT = 32 * RW threads) takes rows
@@ -639,20 +697,22 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
     }
 }
 
-// Element accesses (N not a multiple of the chunk, or unaligned buffers).
+// Element accesses (N not a multiple of the chunk, or unaligned buffers): elements [lo, hi) of the rows
+// as in rows_vec.
 template <int DT>
 __device__ void rows_scalar(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
-                            int M, int N, float* red) {
+                            int M, int N, float* red, int lo, int share_hi) {
+    const int j0 = SPLIT > 1 ? lo + static_cast<int>(threadIdx.x) : threadIdx.x, hi = SPLIT > 1 ? share_hi : N;
     int parity = 0;
-    for (long long row = blockIdx.x; row < M; row += gridDim.x) {
+    for (long long row = blockIdx.x / SPLIT; row < M; row += gridDim.x / SPLIT) {
         const long long base = row * N;
         float dot = 0.f;
-        for (int j = threadIdx.x; j < N; j += THREADS)
+        for (int j = j0; j < hi; j += THREADS)
             dot = fmaf(ld_elem<DT>(x, base + j), ld_elem<DT>(dy, base + j) * __ldg(w + j), dot);
-        dot = block_sum(dot, red, parity);
+        dot = row_sum(dot, red, parity);
         const float r = __ldg(rstd + row);
         const float coef = r * r * r * dot / static_cast<float>(N);
-        for (int j = threadIdx.x; j < N; j += THREADS) {
+        for (int j = j0; j < hi; j += THREADS) {
             const float xv = ld_elem<DT>(x, base + j), gv = ld_elem<DT>(dy, base + j);
             st_elem<DT>(dx, base + j, r * gv * __ldg(w + j) - xv * coef);
             acc[j] = fmaf(gv, xv * r, acc[j]);
@@ -672,7 +732,8 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     constexpr int E = Chunk<DT>::E;
     unsigned* ticket = reinterpret_cast<unsigned*>(ws);
     float* parts = ws + WS_HEADER;
-    float* mine = parts + static_cast<long long>(blockIdx.x) * N;
+    // a partial row per CTA; with SPLIT one per cluster, each CTA writing only its own columns of it
+    float* mine = parts + static_cast<long long>(blockIdx.x / SPLIT) * N;
     const bool use_smem = SMEM_DW && N <= SMEM_DW_COLS;
     float* acc = use_smem ? sdw : mine;  // mine is all zeros on entry (the workspace contract)
     if (use_smem) {
@@ -681,29 +742,43 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     }
     const unsigned long long align = reinterpret_cast<unsigned long long>(x) | reinterpret_cast<unsigned long long>(dy)
                                    | reinterpret_cast<unsigned long long>(dx) | reinterpret_cast<unsigned long long>(w);
-    if (N % E == 0 && (align & 15) == 0) {
+    // This CTA's columns of its rows: all of them, or with SPLIT its cluster rank's contiguous share
+    // ([lo, hi) in chunks on the vector path, in elements on the scalar one; [plo, phi) in elements).
+    const bool vec = N % E == 0 && (align & 15) == 0;
+#if SPLIT > 1
+    const int units = vec ? N / E : N;
+    const int rank = static_cast<int>(blockIdx.x % SPLIT), share = (units + SPLIT - 1) / SPLIT;
+    const int lo = min(units, rank * share), hi = min(units, lo + share);
+    const int plo = vec ? lo * E : lo, phi = vec ? hi * E : hi;
+    cluster_sync();  // every CTA of the cluster runs before its shared memory is written from another
+#else
+    const int lo = 0, hi = vec ? N / E : N, plo = 0, phi = N;
+#endif
+    if (vec) {
         char* dyn = reinterpret_cast<char*>(sdw);  // the dynamic shared memory: dw (if use_smem), then STAGES
         const unsigned skip = use_smem ? static_cast<unsigned>(N) * 4u : 0u;
         if (ROW_WARP && N / E <= MAX_CHUNKS * 32 * ROW_WARP)
             rows_warp<DT>(x, w, dy, rstd, dx, acc, M, N, red, dyn, skip);
         else
-            rows_vec<DT>(x, w, dy, rstd, dx, acc, M, N, red, dyn, skip);
+            rows_vec<DT>(x, w, dy, rstd, dx, acc, M, N, red, dyn, skip, lo, hi);
     } else {
-        rows_scalar<DT>(x, w, dy, rstd, dx, acc, M, N, red);
+        rows_scalar<DT>(x, w, dy, rstd, dx, acc, M, N, red, lo, hi);
     }
     if (use_smem) {
         __syncthreads();
-        for (int j = threadIdx.x; j < N; j += THREADS) mine[j] = sdw[j];
+        for (int j = plo + threadIdx.x; j < phi; j += THREADS) mine[j] = sdw[j];
     }
     // Publish this CTA's partial row, then take a ticket.
     __threadfence();
     __syncthreads();
     __shared__ unsigned s_ticket;
     const unsigned G = gridDim.x;
-    // The reducers sum Gn partial rows, row p * S of parts for p < Gn: every CTA's (S = 1), or with
-    // TREE the group sums, each in its group's first row.
+    // The reducers sum Gn partial rows, row p * S of parts for p < Gn: every CTA's (S = 1; with SPLIT
+    // every cluster's), or with TREE the group sums, each in its group's first row. They wait for T
+    // tickets: one per CTA, or with TREE one per group.
     constexpr unsigned S = TREE > 0 ? TREE : 1;
-    const unsigned Gn = (G + S - 1) / S;
+    const unsigned Gn = TREE > 0 ? (G + S - 1) / S : G / SPLIT;
+    const unsigned T = TREE > 0 ? Gn : G;
     const long long pstride = static_cast<long long>(S) * N;
 #if TREE > 0
     {
@@ -739,28 +814,28 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     const unsigned cap = G / (2u * CTAS_PER_SM) > 0 ? G / (2u * CTAS_PER_SM) : 1u;
     const unsigned K = min(min(Gn, static_cast<unsigned>(REDUCERS)), cap);
     const unsigned t = s_ticket;
-    if (t < Gn - K) return;
+    if (t < T - K) return;
     if (threadIdx.x == 0) {
-        while (ld_acquire(ticket) < Gn) __nanosleep(64);
+        while (ld_acquire(ticket) < T) __nanosleep(64);
     }
     __syncthreads();
-    const unsigned slice = t - (Gn - K);
-    const int lo = static_cast<int>(static_cast<long long>(N) * slice / K);
-    const int hi = static_cast<int>(static_cast<long long>(N) * (slice + 1) / K);
+    const unsigned slice = t - (T - K);
+    const int jlo = static_cast<int>(static_cast<long long>(N) * slice / K);
+    const int jhi = static_cast<int>(static_cast<long long>(N) * (slice + 1) / K);
     // L column lanes (a power of two >= 8 covering the slice, at most THREADS) and PG = THREADS / L
     // partial groups: with fewer columns than threads (N / K small) the threads split the G partials
     // too, group g summing partials g, g + PG, ... in order; the groups' sums are then added in group
     // order through red.
     int L = 8;
-    while (L < hi - lo && L < THREADS) L <<= 1;
+    while (L < jhi - jlo && L < THREADS) L <<= 1;
     L = min(L, THREADS);
     const unsigned PG = THREADS / L;
     const int lane = threadIdx.x % L;
     const unsigned grp = threadIdx.x / L;
-    for (int j0 = lo; j0 < hi; j0 += L) {
+    for (int j0 = jlo; j0 < jhi; j0 += L) {
         const int j = j0 + lane;
         float s = 0.f;
-        if (grp < PG && j < hi) {
+        if (grp < PG && j < jhi) {
             unsigned p = grp;
             for (; p + 7u * PG < Gn; p += 8u * PG) {
                 float v[8];
@@ -778,11 +853,11 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
             }
         }
         if (PG == 1) {  // uniform over the CTA
-            if (j < hi) dw[j] = s;
+            if (j < jhi) dw[j] = s;
         } else {
             red[threadIdx.x] = s;
             __syncthreads();
-            if (grp == 0 && j < hi) {
+            if (grp == 0 && j < jhi) {
                 for (unsigned g = 1; g < PG; ++g) s += red[g * L + lane];
                 dw[j] = s;
             }
@@ -791,16 +866,22 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (atomicAdd(ticket, 1u) == Gn + K - 1) atomicExch(ticket, 0u);  // every reducer is past its wait
+        if (atomicAdd(ticket, 1u) == T + K - 1) atomicExch(ticket, 0u);  // every reducer is past its wait
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS)
+#if SPLIT > 1
+#define KDIMS __cluster_dims__(SPLIT, 1, 1)
+#else
+#define KDIMS
+#endif
+
+extern "C" __global__ void KDIMS __launch_bounds__(THREADS)
     rmsnorm_bwd(const void* __restrict__ x, const float* __restrict__ w, const void* __restrict__ dy,
                 const float* __restrict__ rstd, void* __restrict__ dx, float* __restrict__ dw, float* ws, int M,
                 int N, int dtype_code) {
 #if ALGO == 1
-    __shared__ float red[THREADS];  // 2 * WARPS for the rows' dot products, THREADS for the dw reduction
+    __shared__ float red[THREADS];  // 2 * SPLIT * WARPS for the rows' dot products, THREADS for the dw reduction
     extern __shared__ float4 sdw4[];
     float* sdw = reinterpret_cast<float*>(sdw4);
     if (dtype_code == 0) persistent<0>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);

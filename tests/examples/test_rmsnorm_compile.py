@@ -259,7 +259,13 @@ def _bwd(**kw: int) -> dict:
                                     _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=8, DW_REGS=1),
                                     _bwd(ALGO=1, THREADS=512, MAX_CHUNKS=4, DW_REGS=1, STAGES=1),
                                     _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, DW_REGS=1, PREFETCH=1),
-                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, DW_REGS=1, STAGES=2, TREE=8)])
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, DW_REGS=1, STAGES=2, TREE=8),
+                                    # SPLIT (a row over a cluster of 2 or 4 CTAs), with PREFETCH and DW_REGS
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=8, CTAS_PER_SM=2, SPLIT=2, REDUCERS=64),
+                                    _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=4, SPLIT=4, PREFETCH=1),
+                                    _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=2, SPLIT=4, LOAD_HINT=1),
+                                    _bwd(ALGO=1, THREADS=128, MAX_CHUNKS=2, CTAS_PER_SM=4, SPLIT=2, PREFETCH=1,
+                                         DW_REGS=1, SMEM_DW=0)])
 def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert make_backward_problem().params.is_valid(params)
     log = nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
@@ -321,6 +327,32 @@ def test_backward_static_shared_memory_is_what_the_launch_allows_for(tmp_path: P
         assert {int(v) for v in re.findall(r"(\d+) bytes smem", log)} == {4 * threads + 16}
 
 
+@pytest.mark.parametrize("kw", [{"ROW_WARP": 1}, {"TREE": 8}, {"STAGES": 1}])
+def test_backward_split_rule_matches_the_kernel(tmp_path: Path, kw: dict) -> None:
+    """SPLIT > 1 with ROW_WARP, TREE or STAGES is refused by the space and by the kernel; SPLIT 3 by the kernel."""
+    params = _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=2, SPLIT=2, **kw)
+    space = make_backward_problem().params
+    assert not space.is_valid(params) and space.is_valid(dict(params, SPLIT=1))
+    with pytest.raises(AssertionError, match="SPLIT > 1 needs ALGO 1 with ROW_WARP 0, TREE 0 and STAGES 0"):
+        nvcc_compile("rmsnorm_bwd.cu", _defines(params), tmp_path)
+    with pytest.raises(AssertionError, match="SPLIT must be 1, 2 or 4"):
+        nvcc_compile("rmsnorm_bwd.cu", _defines(dict(params, SPLIT=3, **{k: 0 for k in kw})), tmp_path)
+
+
+def test_backward_split_declares_its_cluster(tmp_path: Path) -> None:
+    """SPLIT 2 compiles to another cubin whose kernel declares a 2-CTA cluster, as its launch asks."""
+    from evo.types import Case
+    from examples.rmsnorm_problem import bwd_launch
+
+    a = _bwd(ALGO=1, THREADS=256, MAX_CHUNKS=8, CTAS_PER_SM=2)
+    b = dict(a, SPLIT=2)
+    cubins = _cubins("rmsnorm_bwd.cu", (a, b), tmp_path)
+    assert cubins[0] != cubins[1]
+    ptx = nvcc_ptx("rmsnorm_bwd.cu", _defines(b), tmp_path)
+    assert re.search(r"\.reqnctapercluster\s+2,\s*1,\s*1", ptx)
+    assert bwd_launch(b, Case({"M": 32768, "N": 16384}, "float32")).cluster == (2, 1, 1)
+
+
 def test_backward_row_group_rule_matches_the_kernel(tmp_path: Path) -> None:
     """ROW_WARP > 1 with more than 8 row groups is refused by the space and by the kernel."""
     params = _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=1, ROW_WARP=2)
@@ -336,7 +368,7 @@ def test_backward_inactive_knobs_change_neither_cubin_nor_launch(tmp_path: Path)
 
     case = Case({"M": 4096, "N": 4096}, "bfloat16")
     pairs = [(_bwd(), _bwd(MAX_CHUNKS=8, CTAS_PER_SM=3, SMEM_DW=0, REDUCERS=8, PREFETCH=1, ROW_WARP=1, STAGES=2,
-                           DW_REGS=1)),
+                           DW_REGS=1, SPLIT=2)),
              (_bwd(ALGO=1), _bwd(ALGO=1, UNROLL=1))]
     space = make_backward_problem().params
     for i, (a, b) in enumerate(pairs):

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from evo.types import Case, Genome, Problem
-from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
+from examples.rmsnorm_problem import BWD_PERSISTENT_SEEDS, make_backward_problem, make_forward_problem
 from fitness import materialize
 
 pytestmark = pytest.mark.gpu
@@ -567,6 +567,34 @@ def test_backward_stages(cuda_device) -> None:
             plain, _ = launch_case(prob, g.with_params(DW_REGS=0), case, raw)
             assert cp.array_equal(first["dw"], plain["dw"]), f"{g.params}: DW_REGS changed dw"
             assert cp.array_equal(first["dx"], plain["dx"]), f"{g.params}: DW_REGS changed dx"
+
+
+def test_backward_split(cuda_device) -> None:
+    """SPLIT (a row over a cluster of 2 or 4 CTAs, the dot product summed through distributed shared
+    memory): vector and element paths, shares of unequal size and empty ones (N = 256 bf16 over 4 CTAs
+    of 256 threads), M = 1 (one cluster), dw past the shared-memory limit (the cluster's CTAs write
+    disjoint columns of one workspace row), misaligned views, and dw bitwise the same in two launches."""
+    import cupy as cp
+
+    prob = make_backward_problem()
+    base = dict(prob.seeds[0].params, ALGO=1)
+    params = [dict(base, **p) for p in BWD_PERSISTENT_SEEDS if p.get("SPLIT", 1) > 1] + [
+        dict(base, THREADS=1024, MAX_CHUNKS=2, CTAS_PER_SM=1, SPLIT=4, LOAD_HINT=1),
+        dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, SPLIT=2, DW_REGS=1, SMEM_DW=0, REDUCERS=8)]
+    genomes = [prob.seeds[0].with_params(**p) for p in params]
+    for g in genomes:
+        assert prob.params.is_valid(dict(g.params)), g.params
+    _compile(prob, genomes)
+    shapes = [{"M": 1, "N": 1024}, {"M": 5, "N": 256}, {"M": 3000, "N": 1024}, {"M": 9000, "N": 4096},
+              {"M": 64, "N": 16384}, {"M": 17, "N": 1002}, {"M": 5, "N": 40968}, {"M": 700, "N": 24}]
+    for g in genomes:
+        _check(prob, g, shapes)
+        _check(prob, g, [{"M": 40, "N": 1024}], offsets={"x": 1, "dy": 2, "dx": 3})
+        case = Case({"M": 5000, "N": 2048}, "bfloat16")
+        raw = _inputs(prob, case, np.random.default_rng(9), cp)
+        first, _ = launch_case(prob, g, case, raw)
+        again, _ = launch_case(prob, g, case, raw)
+        assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
 
 
 def test_backward_seeds_through_evaluator(cuda_device) -> None:
