@@ -44,7 +44,11 @@
 // STAGES (ALGO 1, rows held in registers: 0, or S: each thread copies its own chunks of its group's rows
 // S rows ahead into shared memory with cp.async and reads them back from there; see Stages below),
 // DW_REGS (ALGO 1, a CTA per row held in registers: 1 keeps the thread's dw sums in registers, as
-// ROW_WARP does, and adds them to the accumulators once at the end; 0 adds each row's to them).
+// ROW_WARP does, and adds them to the accumulators once at the end; 0 adds each row's to them),
+// SPLIT (ALGO 1 with ROW_WARP, TREE and STAGES 0: 1, or S = 2 or 4 CTAs of a cluster share each row,
+// each holding a contiguous 1/S of its chunks, so a long row needs 1/S of the registers and two CTAs
+// can share an SM; the dot product is summed over the cluster through distributed shared memory,
+// see row_sum; the S CTAs write disjoint columns of one partial row, so G / S rows are reduced).
 #include <cuda_fp16.h>
 
 #ifndef THREADS
