@@ -122,7 +122,7 @@
 #if ROW_WARP != 0 && ROW_WARP != 1 && ROW_WARP != 2 && ROW_WARP != 4
 #error "ROW_WARP must be 0, 1, 2 or 4"
 #endif
-#if ROW_WARP > 1 && (THREADS % (32 * ROW_WARP) != 0 || THREADS / (32 * ROW_WARP) > 8)
+#if ALGO == 1 && ROW_WARP > 1 && (THREADS % (32 * ROW_WARP) != 0 || THREADS / (32 * ROW_WARP) > 8)
 #error "ROW_WARP > 1 needs THREADS a multiple of 32 * ROW_WARP, at most 8 row groups (named barriers 1..8)"
 #endif
 #define WARPS (THREADS / 32)

@@ -272,6 +272,23 @@ def test_backward_compiles(tmp_path: Path, params: dict) -> None:
     assert _spills(log) == 0
 
 
+def test_backward_sampled_assignments_compile(tmp_path: Path) -> None:
+    """Valid assignments as drawn (not canonical: knobs of the other algorithm set at random) compile:
+    the kernel's guards of one algorithm's knobs do not fire under the other."""
+    space = make_backward_problem().params
+    rng = np.random.default_rng(5)
+    draws = [space.sample(rng) for _ in range(12)]
+    assert any(d["ALGO"] == 0 and d["ROW_WARP"] > 1 and d["THREADS"] > 256 * d["ROW_WARP"] for d in draws)
+
+    def one(i: int) -> int:
+        d = tmp_path / str(i)
+        d.mkdir()
+        return _spills(nvcc_compile("rmsnorm_bwd.cu", _defines(draws[i]), d))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(one, range(len(draws)))) == [0] * len(draws)
+
+
 def test_backward_register_rule_is_needed(tmp_path: Path) -> None:
     """What the constraint forbids (ALGO 1, 1024 threads, 4 chunks) does spill."""
     params = _bwd(ALGO=1, THREADS=1024, MAX_CHUNKS=4)
