@@ -973,11 +973,6 @@ BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
     # four warps per row (a named barrier per row group, not the CTA's): N = 4K (16-bit) with 4 chunks
     {"THREADS": 256, "MAX_CHUNKS": 4, "CTAS_PER_SM": 2, "ROW_WARP": 4, "REDUCERS": 64},
     {"THREADS": 128, "MAX_CHUNKS": 4, "CTAS_PER_SM": 3, "ROW_WARP": 4, "PREFETCH": 1, "REDUCERS": 64},
-    # a row over a cluster of CTAs (SPLIT), so two CTAs share an SM: 16K fp32 in halves of 256 x 8 chunks,
-    # and in quarters of 256 x 4 with the next row in flight; 4K 16-bit in halves with PREFETCH
-    {"THREADS": 256, "MAX_CHUNKS": 8, "CTAS_PER_SM": 2, "SPLIT": 2, "REDUCERS": 64},
-    {"THREADS": 256, "MAX_CHUNKS": 4, "CTAS_PER_SM": 2, "SPLIT": 4, "PREFETCH": 1, "REDUCERS": 64},
-    {"THREADS": 128, "MAX_CHUNKS": 2, "CTAS_PER_SM": 4, "SPLIT": 2, "PREFETCH": 1, "REDUCERS": 64},
     # 1K (16-bit): two warps per row, the partials summed in groups of 8 CTAs while others still stream
     {"THREADS": 256, "MAX_CHUNKS": 2, "CTAS_PER_SM": 2, "ROW_WARP": 2, "TREE": 8},
 )

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from evo.types import Case, Genome, Problem
-from examples.rmsnorm_problem import BWD_PERSISTENT_SEEDS, make_backward_problem, make_forward_problem
+from examples.rmsnorm_problem import make_backward_problem, make_forward_problem
 from fitness import materialize
 
 pytestmark = pytest.mark.gpu
@@ -578,8 +578,10 @@ def test_backward_split(cuda_device) -> None:
 
     prob = make_backward_problem()
     base = dict(prob.seeds[0].params, ALGO=1)
-    params = [dict(base, **p) for p in BWD_PERSISTENT_SEEDS if p.get("SPLIT", 1) > 1] + [
-        dict(base, THREADS=1024, MAX_CHUNKS=2, CTAS_PER_SM=1, SPLIT=4, LOAD_HINT=1),
+    params = [dict(base, THREADS=256, MAX_CHUNKS=8, CTAS_PER_SM=2, SPLIT=2, REDUCERS=64),
+              dict(base, THREADS=256, MAX_CHUNKS=4, CTAS_PER_SM=2, SPLIT=4, PREFETCH=1, REDUCERS=64),
+              dict(base, THREADS=128, MAX_CHUNKS=2, CTAS_PER_SM=4, SPLIT=2, PREFETCH=1, REDUCERS=64),
+              dict(base, THREADS=1024, MAX_CHUNKS=2, CTAS_PER_SM=1, SPLIT=4, LOAD_HINT=1),
         dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, SPLIT=2, DW_REGS=1, SMEM_DW=0, REDUCERS=8)]
     genomes = [prob.seeds[0].with_params(**p) for p in params]
     for g in genomes:

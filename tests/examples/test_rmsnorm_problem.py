@@ -241,7 +241,7 @@ def test_backward_persistent_launch_and_workspace() -> None:
     ws = bwd_signature(big)[-1]
     assert ws.role == "workspace" and ws.numel == BWD_WS_HEADER + BWD_PARTS_MAX * 16384
     assert bwd_signature(Case({"M": 3, "N": 7}, "float32"))[-1].numel == BWD_WS_HEADER + 3 * 7
-    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 14
+    assert all(prob.params.is_valid(dict(g.params)) for g in prob.seeds) and len(prob.seeds) == 11
     # SPLIT: clusters of S CTAs take the rows a CTA would; one cluster at least; one partial row per cluster
     s2, s4 = dict(p, SPLIT=2), dict(p, SPLIT=4, MAX_CHUNKS=4)
     assert bwd_launch(s2, big, dev).grid == (264, 1, 1) and bwd_launch(s2, big, dev).cluster == (2, 1, 1)
