@@ -79,13 +79,13 @@ _DISPATCH = re.compile(
     r"if \(dtype_code == 0\)\s*(?P<f>\w+)<0(?P<t>[^<>]*)>\((?P<a>[^;]*)\);\s*"
     r"else if \(dtype_code == 1\)\s*(?P=f)<1(?P=t)>\((?P=a)\);\s*"
     r"else\s*(?P=f)<2(?P=t)>\((?P=a)\);")
-_PUBLISH = ("    if (use_smem) {\n        __syncthreads();\n        for (int j = threadIdx.x; j < N; j += THREADS) "
+_PUBLISH = ("    if (use_smem) {\n        __syncthreads();\n        for (int j = plo + threadIdx.x; j < phi; j += THREADS) "
             "mine[j] = sdw[j];")
 # backward variant -> (code it looks for, what replaces it, how the error names that code)
 _EDITS = {
-    "no-reduce": ("    if (t < Gn - K) return;\n", "    return;\n", "the reducers' 'if (t < Gn - K) return;'"),
-    "no-sum": ("    for (int j0 = lo; j0 < hi; j0 += L) {\n", "    for (int j0 = hi; j0 < hi; j0 += L) {\n",
-               "the reducers' column loop 'for (int j0 = lo; j0 < hi; j0 += L)'"),
+    "no-reduce": ("    if (t < T - K) return;\n", "    return;\n", "the reducers' 'if (t < T - K) return;'"),
+    "no-sum": ("    for (int j0 = jlo; j0 < jhi; j0 += L) {\n", "    for (int j0 = jhi; j0 < jhi; j0 += L) {\n",
+               "the reducers' column loop 'for (int j0 = jlo; j0 < jhi; j0 += L)'"),
     "no-dw": (_PUBLISH, "    return;\n" + _PUBLISH, "the publication of the partial row ('mine[j] = sdw[j]')"),
 }
 BACKWARD_ONLY = tuple(_EDITS)

@@ -32,11 +32,11 @@ def test_dtype_only_keeps_one_instantiation_per_dispatch(source: str, blocks: in
 
 def test_backward_edits_apply_once_and_forward_refuses_them() -> None:
     no_reduce = fc.variant_source(BWD, "no-reduce", "bfloat16", backward=True)
-    assert "if (t < Gn - K) return;" not in no_reduce and no_reduce.count("\n    return;\n") == \
+    assert "if (t < T - K) return;" not in no_reduce and no_reduce.count("\n    return;\n") == \
         BWD.count("\n    return;\n") + 1
     no_sum = fc.variant_source(BWD, "no-sum", "bfloat16", backward=True)
-    assert "for (int j0 = hi; j0 < hi; j0 += L)" in no_sum and "j0 = lo" not in no_sum
-    assert "while (ld_acquire(ticket) < Gn)" in no_sum  # the reducers still wait for every partial row
+    assert "for (int j0 = jhi; j0 < jhi; j0 += L)" in no_sum and "j0 = jlo" not in no_sum
+    assert "while (ld_acquire(ticket) < T)" in no_sum  # the reducers still wait for every partial row
     no_dw = fc.variant_source(BWD, "no-dw", "bfloat16", backward=True)
     assert no_dw.index("    return;\n    if (use_smem) {") < no_dw.index("mine[j] = sdw[j]")
     assert fc.variant_source(BWD, "full", "float32", backward=True) is BWD
