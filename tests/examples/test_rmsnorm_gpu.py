@@ -525,6 +525,22 @@ def test_backward_tree(cuda_device, tree: int) -> None:
         assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
 
 
+def _check_backward_and_relaunch(prob: Problem, g: Genome, shapes) -> tuple[dict, Case, dict]:
+    """``g`` against the reference on ``shapes`` and on misaligned views, then launched twice on one
+    input set (5000 x 2048 bf16): dw bitwise the same. Returns the first launch's outputs, its case
+    and its inputs."""
+    import cupy as cp
+
+    _check(prob, g, shapes)
+    _check(prob, g, [{"M": 40, "N": 1024}], offsets={"x": 1, "dy": 2, "dx": 3})
+    case = Case({"M": 5000, "N": 2048}, "bfloat16")
+    raw = _inputs(prob, case, np.random.default_rng(9), cp)
+    first, _ = launch_case(prob, g, case, raw)
+    again, _ = launch_case(prob, g, case, raw)
+    assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
+    return first, case, raw
+
+
 def test_backward_stages(cuda_device) -> None:
     """STAGES (rows staged ahead in shared memory by cp.async): by CTA and by 1 or 2 warps, 1-3 slots,
     rings that wrap many times (M far above the grid), M below the grid and M = 1, a 128 KB fp32 row
@@ -556,13 +572,7 @@ def test_backward_stages(cuda_device) -> None:
     shapes = [{"M": 1, "N": 1024}, {"M": 5, "N": 256}, {"M": 3000, "N": 1024}, {"M": 9000, "N": 4096},
               {"M": 64, "N": 16384}, {"M": 17, "N": 1002}, {"M": 5, "N": 40968}]
     for g in genomes:
-        _check(prob, g, shapes)
-        _check(prob, g, [{"M": 40, "N": 1024}], offsets={"x": 1, "dy": 2, "dx": 3})
-        case = Case({"M": 5000, "N": 2048}, "bfloat16")
-        raw = _inputs(prob, case, np.random.default_rng(9), cp)
-        first, _ = launch_case(prob, g, case, raw)
-        again, _ = launch_case(prob, g, case, raw)
-        assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
+        first, case, raw = _check_backward_and_relaunch(prob, g, shapes)
         if g.params["DW_REGS"]:
             plain, _ = launch_case(prob, g.with_params(DW_REGS=0), case, raw)
             assert cp.array_equal(first["dw"], plain["dw"]), f"{g.params}: DW_REGS changed dw"
@@ -574,15 +584,13 @@ def test_backward_split(cuda_device) -> None:
     memory): vector and element paths, shares of unequal size and empty ones (N = 256 bf16 over 4 CTAs
     of 256 threads), M = 1 (one cluster), dw past the shared-memory limit (the cluster's CTAs write
     disjoint columns of one workspace row), misaligned views, and dw bitwise the same in two launches."""
-    import cupy as cp
-
     prob = make_backward_problem()
     base = dict(prob.seeds[0].params, ALGO=1)
     params = [dict(base, THREADS=256, MAX_CHUNKS=8, CTAS_PER_SM=2, SPLIT=2, REDUCERS=64),
               dict(base, THREADS=256, MAX_CHUNKS=4, CTAS_PER_SM=2, SPLIT=4, PREFETCH=1, REDUCERS=64),
               dict(base, THREADS=128, MAX_CHUNKS=2, CTAS_PER_SM=4, SPLIT=2, PREFETCH=1, REDUCERS=64),
               dict(base, THREADS=1024, MAX_CHUNKS=2, CTAS_PER_SM=1, SPLIT=4, LOAD_HINT=1),
-        dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, SPLIT=2, DW_REGS=1, SMEM_DW=0, REDUCERS=8)]
+              dict(base, THREADS=256, MAX_CHUNKS=2, CTAS_PER_SM=2, SPLIT=2, DW_REGS=1, SMEM_DW=0, REDUCERS=8)]
     genomes = [prob.seeds[0].with_params(**p) for p in params]
     for g in genomes:
         assert prob.params.is_valid(dict(g.params)), g.params
@@ -590,13 +598,7 @@ def test_backward_split(cuda_device) -> None:
     shapes = [{"M": 1, "N": 1024}, {"M": 5, "N": 256}, {"M": 3000, "N": 1024}, {"M": 9000, "N": 4096},
               {"M": 64, "N": 16384}, {"M": 17, "N": 1002}, {"M": 5, "N": 40968}, {"M": 700, "N": 24}]
     for g in genomes:
-        _check(prob, g, shapes)
-        _check(prob, g, [{"M": 40, "N": 1024}], offsets={"x": 1, "dy": 2, "dx": 3})
-        case = Case({"M": 5000, "N": 2048}, "bfloat16")
-        raw = _inputs(prob, case, np.random.default_rng(9), cp)
-        first, _ = launch_case(prob, g, case, raw)
-        again, _ = launch_case(prob, g, case, raw)
-        assert cp.array_equal(first["dw"], again["dw"]), f"{g.params}: dw differs between two launches"
+        _check_backward_and_relaunch(prob, g, shapes)
 
 
 def test_backward_seeds_through_evaluator(cuda_device) -> None:
