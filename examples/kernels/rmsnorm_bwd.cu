@@ -569,10 +569,9 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
                          int M, int N, float* red, char* dyn, unsigned skip, int lo, int share_hi) {
     constexpr int E = Chunk<DT>::E;
     const int nch = N / E;
-    const int hi = SPLIT > 1 ? share_hi : nch;  // (SPLIT 1: the same, as the compiler sees it)
+    // the CTA's chunks [lo, hi): with SPLIT 1 the whole row, spelt as nch and threadIdx.x
+    const int hi = SPLIT > 1 ? share_hi : nch;
     const int first = SPLIT > 1 ? lo + static_cast<int>(threadIdx.x) : threadIdx.x;
-    // the first chunk of the loops over all of the CTA's chunks (SPLIT 1: spelt as the compiler folds it best)
-#define FIRST_C (SPLIT > 1 ? first : threadIdx.x)
     const bool in_regs = hi - lo <= MAX_CHUNKS * THREADS;
     const long long step = gridDim.x / SPLIT;
     int parity = 0;
@@ -601,7 +600,7 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
             take_row<DT>(x, dy, base, step * N, row + step < M, hi, first, THREADS, xr, gr, xn, gn);
             dot = chunks_dot<DT>(xr, gr, w, hi, first, THREADS);
         } else {
-            for (int c = FIRST_C; c < hi; c += THREADS) {
+            for (int c = first; c < hi; c += THREADS) {
                 float xf[E], gf[E];
                 unpack<DT>(ld16<DT>(x, base + static_cast<long long>(c) * E), xf);
                 unpack<DT>(ld16<DT>(dy, base + static_cast<long long>(c) * E), gf);
@@ -626,7 +625,7 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
                 }
             }
         } else {  // re-read (L1/L2-hot)
-            for (int c = FIRST_C; c < hi; c += THREADS)
+            for (int c = first; c < hi; c += THREADS)
                 finish_chunk<DT>(ld16<DT>(x, base + static_cast<long long>(c) * E),
                                  ld16<DT>(dy, base + static_cast<long long>(c) * E), w, dx, acc, base, c, r, coef);
         }
@@ -635,7 +634,6 @@ __device__ void rows_vec(const void* x, const float* w, const void* dy, const fl
     // each column is this thread's alone, and acc holds zeros: the same sums, bit for bit
     if (in_regs) add_sums<DT>(a, acc, hi, first, THREADS);
 #endif
-#undef FIRST_C
 }
 
 // ROW_WARP (RW warps per row): group g of the CTA (RW warps, GT = 32 * RW threads) takes rows
@@ -705,8 +703,8 @@ __device__ void rows_warp(const void* x, const float* w, const void* dy, const f
 // as in rows_vec.
 template <int DT>
 __device__ void rows_scalar(const void* x, const float* w, const void* dy, const float* rstd, void* dx, float* acc,
-                            int M, int N, float* red, int lo, int share_hi) {
-    const int j0 = SPLIT > 1 ? lo + static_cast<int>(threadIdx.x) : threadIdx.x, hi = SPLIT > 1 ? share_hi : N;
+                            int M, int N, float* red, int lo, int hi) {
+    const int j0 = lo + static_cast<int>(threadIdx.x);
     int parity = 0;
     for (long long row = blockIdx.x / SPLIT; row < M; row += gridDim.x / SPLIT) {
         const long long base = row * N;
