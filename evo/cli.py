@@ -112,6 +112,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
             print("evo: error: the archive has no OK record to export", file=sys.stderr)
             return 2
         problem = ar.header["problem"].get("name")
+        dtype_defines = (ar.header["problem"].get("contract") or {}).get("dtype_defines")
     out = Path(args.output) if args.output else Path(f"best-{best.id[:12]}")
     out.mkdir(parents=True, exist_ok=True)
     g = best.genome
@@ -124,6 +125,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         "resources": dict(best.evaluation.resources), "device": dict(best.evaluation.device),
         "operator": best.operator, "parents": list(best.parents), "seq": best.seq,
     }
+    if dtype_defines:  # the gate built it once per dtype with these definitions added
+        meta["dtype_defines"] = f"per-dtype definitions added to `defines` by {dtype_defines}(params, dtype)"
     from evo.types import thaw
 
     params_file = out / "params.json"

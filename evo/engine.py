@@ -1002,13 +1002,15 @@ class Engine:
 
     def _rebase(self, g: Genome) -> tuple[Genome, dict[str, Any] | None]:
         """``g`` on the Problem's current seed source (EngineConfig.warm_start_rebase), and the knobs
-        set because ``g`` lacked them; ``(g, None)`` where it cannot be (no single current source for
-        its entry and language, the same source already, or a lacking knob without a condition)."""
+        set because ``g`` lacked them (to a condition's default, else to the param's own ``default``);
+        ``(g, None)`` where it cannot be (no single current source for its entry and language, the
+        same source already, or a lacking knob with neither)."""
         current = {s.source for s in self.problem.seeds if s.entry == g.entry and s.language == g.language}
         if len(current) != 1 or g.source in current:
             return g, None
         space = self.problem.params
-        defaults = {c.param: c.default for c in space.conditions}
+        defaults = {k: p.default for k, p in space.params.items() if getattr(p, "default", None) is not None}
+        defaults.update({c.param: c.default for c in space.conditions})
         lacking = [k for k in space.params if k not in g.params]
         if any(k not in defaults for k in lacking):
             return g, None

@@ -46,15 +46,23 @@ class Choice:
     """A parameter that takes one of an explicit, ordered list of values.
 
     Order matters: mutation moves to a neighbouring value more often than to a far one.
+
+    ``default`` (optional, one of ``values``): the value of a genome that lacks the param,
+    i.e. one made before the knob existed (a warm start from an older archive fills it in);
+    it should be the value under which the kernel behaves as it did then.
     """
 
     values: tuple[ParamValue, ...]
+    default: ParamValue | None
 
-    def __init__(self, values: Iterable[ParamValue]) -> None:
+    def __init__(self, values: Iterable[ParamValue], default: ParamValue | None = None) -> None:
         vals = tuple(values)
         if not vals:
             raise SpaceError("Choice needs at least one value")
         object.__setattr__(self, "values", vals)
+        object.__setattr__(self, "default", default)
+        if default is not None and not self.contains(default):
+            raise SpaceError(f"Choice default {default!r} is not one of its values {list(vals)}")
 
     def contains(self, value: Any) -> bool:
         # bool is an int subclass: True must not match 1, nor 1 match True.
@@ -70,7 +78,10 @@ class Choice:
         return [self.values[j] for j in (i - 1, i + 1) if 0 <= j < len(self.values)]
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "choice", "values": list(self.values)}
+        out: dict[str, Any] = {"kind": "choice", "values": list(self.values)}
+        if self.default is not None:
+            out["default"] = self.default
+        return out
 
 
 @dataclass(frozen=True)

@@ -29,8 +29,12 @@ kernel. For one :class:`Case` (a shape and a dtype) the Problem says:
   bandwidth metric and the fraction of the measured ceiling).
 
 Params reach the kernel as compile-time definitions (one ``-D NAME=VALUE`` each) and
-reach the launch through ``launch``. Every callable must be a top-level function so
-that the Problem can be pickled into spawned worker processes.
+reach the launch through ``launch``. With ``dtype_defines(params, dtype)`` (optional) the
+harness builds a genome once per distinct set of extra definitions it gives over the dtypes
+(e.g. ``-DDTYPE_CODE=2``), and each case runs the build of its dtype: a kernel that picks its
+dtype at compile time then carries that dtype's code alone, and its registers are that code's.
+Every callable must be a top-level function so that the Problem can be pickled into spawned
+worker processes.
 """
 
 from __future__ import annotations
@@ -738,6 +742,12 @@ class Problem:
         forbidden_sregs: Special registers a genome's ``asm`` may not read.
         allowed_includes: Headers a genome may include.
         compile_options: Extra compiler options.
+        dtype_defines: ``(params, dtype) -> {name: int or str}``, compile-time definitions
+            added to the params' when building for ``dtype`` (a top-level function). None
+            (the default), or empty answers for every dtype: one build serves every dtype.
+            Otherwise a genome is built once per distinct answer over ``dtypes``; each case
+            runs its dtype's build, and the resources are the largest over the builds. The
+            names may not be params (the harness raises ProblemError naming the clash).
         extra: Free-form data (hardware notes for prompts, ...), part of the fingerprint.
     """
 
@@ -764,6 +774,7 @@ class Problem:
     allowed_includes: tuple[str, ...] = ("cuda_fp16.h", "cuda_bf16.h", "stdint.h", "cuda/std/cstdint",
                                          "cooperative_groups.h", "cuda_pipeline.h", "mma.h")
     compile_options: tuple[str, ...] = ()
+    dtype_defines: Callable[[Mapping[str, Any], str], Mapping[str, int | str]] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -824,9 +835,76 @@ class Problem:
             bad = self.params.violations(g.params)
             if bad:
                 errs.append(f"seed {g.id[:12]}: {'; '.join(bad)}")
+        if self.dtype_defines is not None:
+            if not callable(self.dtype_defines):
+                errs.append("dtype_defines must be a function (params, dtype) -> {name: value}")
+            else:
+                for g in self.seeds:
+                    try:
+                        self.builds(g.params)
+                    except ProblemError as exc:
+                        errs.append(f"seed {g.id[:12]}: {exc}")
         if errs:
             raise ProblemError(f"Problem {self.name!r} is not valid:\n  - " + "\n  - ".join(errs))
         return self
+
+    # -- builds -----------------------------------------------------------------------
+
+    def build_defines(self, params: Mapping[str, Any], dtype: str | None) -> list[str]:
+        """The ``-DNAME=VALUE`` options ``dtype_defines`` adds to the build for ``dtype`` (sorted;
+        none without ``dtype_defines`` or for ``dtype`` None).
+
+        Raises:
+            ProblemError: an answer that is not a mapping of C identifiers (not params) to ints
+                or plain tokens.
+        """
+        if self.dtype_defines is None or dtype is None:
+            return []
+        defs = self.dtype_defines(params, dtype)
+        if not isinstance(defs, Mapping):
+            raise ProblemError(f"dtype_defines(params, {dtype!r}) returned {type(defs).__name__}; "
+                               "return a mapping of definition names to values ({} for none)")
+        out = []
+        for k in sorted(defs):
+            v = defs[k]
+            if not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_]\w*", k):
+                raise ProblemError(f"dtype_defines(params, {dtype!r}): {k!r} is not a C identifier")
+            if k in params:
+                raise ProblemError(f"dtype_defines(params, {dtype!r}): {k!r} is also a param; rename the definition")
+            if isinstance(v, bool) or not isinstance(v, (int, str)) or (
+                    isinstance(v, str) and not re.fullmatch(r"[\w.+\-]+", v)):
+                raise ProblemError(f"dtype_defines(params, {dtype!r})[{k!r}] = {v!r}: use an int or a plain token "
+                                   "(letters, digits, '_', '.', '+', '-')")
+            out.append(f"-D{k}={v}")
+        return out
+
+    def builds(self, params: Mapping[str, Any]) -> dict[str, list[str]]:
+        """The builds a genome with ``params`` needs: build name -> the options
+        :meth:`build_defines` adds.
+
+        One build ``""`` (no extra options) when every dtype gets the same options as none;
+        otherwise one per distinct set of options, named after the first of ``dtypes`` that
+        uses it (see :meth:`build_for`).
+        """
+        per = {d: self.build_defines(params, d) for d in self.dtypes}
+        if all(not o for o in per.values()):
+            return {"": []}
+        out: dict[str, list[str]] = {}
+        for d, opts in per.items():
+            if opts not in out.values():
+                out[d] = opts
+        return out
+
+    def build_for(self, params: Mapping[str, Any], dtype: str) -> str:
+        """The name of the build (a key of :meth:`builds`) that cases of ``dtype`` run."""
+        builds = self.builds(params)
+        if list(builds) == [""]:
+            return ""
+        opts = self.build_defines(params, dtype)
+        for name, o in builds.items():
+            if o == opts:
+                return name
+        raise ProblemError(f"dtype {dtype!r} is not among the Problem's dtypes {list(self.dtypes)}")
 
     # -- cases ----------------------------------------------------------------------
 
@@ -847,7 +925,7 @@ class Problem:
 
     def describe(self) -> dict[str, Any]:
         """A plain description of everything that makes two runs comparable."""
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "target": self.target,
             "dtypes": list(self.dtypes),
@@ -863,6 +941,9 @@ class Problem:
             "compile_options": list(self.compile_options),
             "extra": _plain(self.extra),
         }
+        if self.dtype_defines is not None:  # absent when unset, so problems without it keep their fingerprints
+            out["contract"]["dtype_defines"] = _qualname(self.dtype_defines)
+        return out
 
     def fingerprint(self) -> str:
         """Hash of :meth:`describe` (16 hex digits); the archive header stores it."""

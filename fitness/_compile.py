@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -343,9 +344,14 @@ def compile_source(source: str, *, entry: str = "kernel", language: str = "cuda"
 
 def compile_genome(genome: Genome, problem: Problem, *, backend: str = "nvcc",
                    timeout: float = DEFAULT_COMPILE_TIMEOUT, memory_bytes: int | None = DEFAULT_COMPILE_MEMORY,
-                   keep_ptx: bool = False, cache: CompileCache | None = None) -> CompileResult:
-    """:func:`compile_source` for a genome under a problem (its target and compile options)."""
-    return compile_source(genome.source, entry=genome.entry, language=genome.language, defines=genome.defines(),
+                   keep_ptx: bool = False, cache: CompileCache | None = None, dtype: str | None = None) -> CompileResult:
+    """:func:`compile_source` for a genome under a problem (its target and compile options).
+
+    ``dtype``: build for that dtype, adding the Problem's ``dtype_defines`` for it (what the
+    gate runs on cases of that dtype); None builds with the params' definitions alone.
+    """
+    defines = genome.defines() + problem.build_defines(genome.params, dtype)
+    return compile_source(genome.source, entry=genome.entry, language=genome.language, defines=defines,
                           options=problem.compile_options, target=problem.target, backend=backend, timeout=timeout,
                           memory_bytes=memory_bytes, keep_ptx=keep_ptx, cache=cache)
 
@@ -376,7 +382,12 @@ class Compile(Stage):
             (``ctx.options["cache_dir"]``, default :func:`~fitness.default_cache_dir`).
 
     ``StageResult.data``: ``cubin`` (bytes), ``compile_log``, ``backend``, ``ptx`` (when
-    ``ctx.options["keep_ptx"]``), ``compile_cache_hit`` and ``compile_seconds``.
+    ``ctx.options["keep_ptx"]``), ``compile_cache_hit`` and ``compile_seconds``. Where the
+    Problem's ``dtype_defines`` asks for several builds of the genome
+    (:meth:`~evo.types.Problem.builds`), each is compiled (concurrently): ``cubins`` and
+    ``compile_logs`` map each build's name to its cubin and log, ``cubin`` and ``ptx`` are the
+    first build's, and ``compile_log`` holds every build's log under a header line naming it. A build that
+    fails fails the genome (``COMPILE_ERROR`` naming the build).
     """
 
     name = "compile"
@@ -405,20 +416,46 @@ class Compile(Stage):
         return float(options.get("compile_timeout") or DEFAULT_COMPILE_TIMEOUT)
 
     def run(self, job: Job, ctx: StageContext) -> StageResult:
-        """Compile ``job.genome`` for ``job.problem.target``."""
-        r = compile_genome(job.genome, job.problem, backend=self.backend, timeout=self._timeout(ctx.options),
-                           memory_bytes=self.memory_bytes, keep_ptx=bool(ctx.options.get("keep_ptx")),
-                           cache=self._cache(ctx.options))
-        data: dict[str, Any] = {"compile_log": r.log, "backend": r.backend, "compile_cache_hit": r.cache_hit,
-                                "compile_seconds": r.seconds}
-        if not r.ok:
-            res = StageResult.fail(Status.COMPILE_ERROR, r.reason, compile_log=r.log)
+        """Compile ``job.genome`` for ``job.problem.target`` (once per build of the Problem)."""
+        problem = job.problem
+        builds = problem.builds(job.genome.params)
+        keep_ptx, cache = bool(ctx.options.get("keep_ptx")), self._cache(ctx.options)
+
+        def build(name: str) -> CompileResult:
+            return compile_genome(job.genome, problem, backend=self.backend, timeout=self._timeout(ctx.options),
+                                  memory_bytes=self.memory_bytes, keep_ptx=keep_ptx, cache=cache,
+                                  dtype=name or None)
+
+        if len(builds) == 1:
+            results = {name: build(name) for name in builds}
+        else:
+            with ThreadPoolExecutor(max_workers=len(builds)) as pool:
+                futures = {name: pool.submit(build, name) for name in builds}
+                results = {name: fut.result() for name, fut in futures.items()}
+        first = next(iter(results.values()))
+
+        def header(name: str) -> str:
+            return f"== build {name} ({' '.join(builds[name]) or 'no extra definitions'}) ==\n"
+
+        log = first.log if len(results) == 1 else "".join(header(n) + r.log for n, r in results.items())
+        data: dict[str, Any] = {"compile_log": log, "backend": first.backend,
+                                "compile_cache_hit": all(r.cache_hit for r in results.values()),
+                                "compile_seconds": sum(r.seconds for r in results.values())}
+        if len(results) > 1:
+            data["compile_logs"] = {n: r.log for n, r in results.items()}
+        failed = [(n, r) for n, r in results.items() if not r.ok]
+        if failed:
+            name, r = failed[0]
+            reason = r.reason if len(results) == 1 else f"build {name} ({' '.join(builds[name])}): {r.reason}"
+            res = StageResult.fail(Status.COMPILE_ERROR, reason, compile_log=log)
             res.data = data
             return res
-        data["cubin"] = r.cubin
-        if r.ptx is not None:
-            data["ptx"] = r.ptx
-        return StageResult(ok=True, artifacts={"compile_log": r.log}, data=data)
+        data["cubin"] = first.cubin
+        if len(results) > 1:
+            data["cubins"] = {n: r.cubin for n, r in results.items()}
+        if first.ptx is not None:
+            data["ptx"] = first.ptx
+        return StageResult(ok=True, artifacts={"compile_log": log}, data=data)
 
     def check_target(self, problem: Problem, options: Any = None) -> None:
         """Compile a trivial kernel for ``problem.target``; raise :class:`ProblemError` if it fails.

@@ -292,7 +292,9 @@ class Backend:
     def device_info(self, scratch: dict[str, Any]) -> DeviceInfo:  # pragma: no cover - interface
         raise NotImplementedError
 
-    def load(self, job: Job, scratch: dict[str, Any]) -> KernelHandle:  # pragma: no cover - interface
+    def load(self, job: Job, scratch: dict[str, Any], build: str = "") -> KernelHandle:  # pragma: no cover
+        """The kernel of ``job`` (its build ``build``, a key of ``job.data["cubins"]``, when the
+        Problem builds per dtype; ``""`` is the single build)."""
         raise NotImplementedError
 
     def launch(self, kernel: KernelHandle, launch: Launch, args: Sequence[Any],
@@ -569,19 +571,26 @@ class CupyBackend(Backend):
         except Exception:  # noqa: BLE001 - attribute unknown to this driver
             return 0
 
-    def load(self, job: Job, scratch: dict[str, Any]) -> KernelHandle:
-        """Load ``job.data["cubin"]`` (cached per genome in ``scratch``) and find the entry.
+    def load(self, job: Job, scratch: dict[str, Any], build: str = "") -> KernelHandle:
+        """Load ``job.data["cubin"]``, or with several builds ``job.data["cubins"][build]``
+        (cached per genome and build in ``scratch``), and find the entry.
 
         Raises:
             LaunchConfigError: the image does not load or lacks the entry point.
             CudaFault: the context is already poisoned.
         """
-        cubin = job.data.get("cubin")
+        cubins = job.data.get("cubins")
+        if cubins:
+            if build not in cubins:
+                raise RuntimeError(f"job.data['cubins'] has no build {build!r} (builds: {sorted(cubins)})")
+            cubin = cubins[build]
+        else:
+            cubin = job.data.get("cubin")
         if not isinstance(cubin, (bytes, bytearray)):
             raise RuntimeError("job.data['cubin'] is missing: put a Compile stage before the device stages")
         cache: collections.OrderedDict[str, KernelHandle] = scratch.setdefault(
             "fitness.modules", collections.OrderedDict())
-        key = f"{job.genome.id}:{job.genome.entry}"
+        key = f"{job.genome.id}:{job.genome.entry}:{build}" if cubins else f"{job.genome.id}:{job.genome.entry}"
         if key in cache:
             cache.move_to_end(key)
             return cache[key]

@@ -513,6 +513,18 @@ def _launch_for(problem: Problem, job: Job, case: Case, device: DeviceInfo, back
     return backend.fit(kernel, launch, device)
 
 
+def _load_builds(backend: Backend, job: Job, ctx: StageContext) -> dict[str, KernelHandle]:
+    """The kernel of every build of ``job`` (one, ``""``, unless the Problem builds per dtype).
+
+    Raises:
+        LaunchConfigError: a build does not load or lacks the entry point.
+    """
+    builds = job.problem.builds(job.genome.params)
+    if list(builds) == [""]:
+        return {"": backend.load(job, ctx.scratch)}
+    return {name: backend.load(job, ctx.scratch, name) for name in builds}
+
+
 def _scalars(problem: Problem, case: Case) -> list[Any]:
     return scalar_args(problem.scalars(case)) if problem.scalars is not None else []
 
@@ -548,7 +560,7 @@ class Correctness(Stage):
         problem = job.problem
         device = _device(ctx, backend)
         try:
-            kernel = backend.load(job, ctx.scratch)
+            kernels = _load_builds(backend, job, ctx)
         except LaunchConfigError as exc:
             return StageResult.fail(Status.RUNTIME_ERROR, str(exc))
         canary = make_canary(derive_seed(ctx.seed, "canary"), GUARD_BYTES, xp)
@@ -559,6 +571,7 @@ class Correctness(Stage):
             cases = [c for c in cases if c.key not in timed] or cases[:1]
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
+            kernel = kernels[problem.build_for(job.genome.params, case.dtype)]
             try:
                 launch = _launch_for(problem, job, case, device, backend, kernel)
             except LaunchConfigError as exc:
@@ -730,7 +743,7 @@ class Timing(Stage):
         if not cases:
             raise ProblemError(f"Problem {problem.name!r} has no timed shapes: add timed_shapes to score genomes")
         try:
-            kernel = backend.load(job, ctx.scratch)
+            kernels = _load_builds(backend, job, ctx)
         except LaunchConfigError as exc:
             return StageResult.fail(Status.RUNTIME_ERROR, str(exc))
         opts = dict(getattr(self, "defaults", {}))
@@ -742,6 +755,7 @@ class Timing(Stage):
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
             inc = incumbents.get(case.key) if isinstance(incumbents, Mapping) else None
+            kernel = kernels[problem.build_for(job.genome.params, case.dtype)]
             try:
                 launch = _launch_for(problem, job, case, device, backend, kernel)
                 res = self._time_case(backend, problem, job, case, ci, kernel, launch, specs, canary, device, ctx, opts,

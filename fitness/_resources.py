@@ -88,8 +88,10 @@ class Resources(Stage):
     """Put the entry kernel's registers, shared memory, stack and spills in the resources.
 
     Reads ``job.data["compile_log"]`` (a ``ptxas -v`` report, written by the Compile
-    stage). Resources are data and fail nothing, except when the entry is missing from
-    the report: that is ``COMPILE_ERROR`` ("entry X not found in cubin").
+    stage), or with several builds (the Problem's ``dtype_defines``) each build's report in
+    ``job.data["compile_logs"]``: each field is then the largest over the builds (what the
+    most demanding dtype needs). Resources are data and fail nothing, except when the entry
+    is missing from a report: that is ``COMPILE_ERROR`` ("entry X not found in cubin").
     """
 
     name = "resources"
@@ -101,10 +103,16 @@ class Resources(Stage):
         if log is None:
             raise RuntimeError("Resources stage needs job.data['compile_log']: put a Compile stage before it")
         entry = job.genome.entry
-        res = parse_ptxas_report(log, entry)
-        if res is None:
-            found = ptxas_entries(log)
-            listed = ", ".join(found) if found else "none"
-            return StageResult.fail(Status.COMPILE_ERROR,
-                                    f"entry {entry} not found in cubin (entries in the ptxas report: {listed})")
-        return StageResult(ok=True, resources=res)
+        logs = job.data.get("compile_logs") or {"": log}
+        out: dict[str, int] = {}
+        for name, text in logs.items():
+            res = parse_ptxas_report(text, entry)
+            if res is None:
+                found = ptxas_entries(text)
+                listed = ", ".join(found) if found else "none"
+                where = f" of build {name}" if name else ""
+                return StageResult.fail(Status.COMPILE_ERROR, f"entry {entry} not found in cubin{where} "
+                                                              f"(entries in the ptxas report: {listed})")
+            for k, v in res.items():
+                out[k] = max(out.get(k, v), v)
+        return StageResult(ok=True, resources=out)

@@ -490,6 +490,25 @@ def test_warm_start_rebase_off_or_impossible_keeps_the_old_genomes_out(tmp_path:
         assert "warm_start_rebased" not in eng.stats()
 
 
+def test_warm_start_rebase_fills_a_knob_from_its_own_default(tmp_path: Path) -> None:
+    """A new knob read by every genome (no condition) with a default of its own (``Choice(...,
+    default=)``): the old archive's param-only genomes come back with it at that default."""
+    from evo.space import Choice
+
+    made = _old_archive(tmp_path / "src")
+    new_source = made["seed"].source + "\n// v2: the BUILD knob\n"
+    seed = Genome(new_source, {**made["seed"].params, "BUILD": 1}, entry="axpy")
+    prob = _family_v2({"BUILD": Choice((0, 1), default=0)}, seeds=(seed,))
+    cfg = EngineConfig(islands=1, warm_start_elites=4, warm_start_champions=False)
+    with Engine(prob, str(tmp_path / "dst"), evaluator=ParamsExecutor(), config=cfg,
+                warm_start=str(tmp_path / "src")) as eng:
+        warm = [c for c in eng.ask(4) if c.operator == "warm_start"]
+    assert len(warm) == 3
+    for c in warm:
+        assert c.genome.source == new_source and c.genome.params["BUILD"] == 0
+        assert c.meta["warm_start"]["rebased"] == {"filled": {"BUILD": 0}}
+
+
 def test_archive_object_is_not_closed_by_engine(problem, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     arch = Archive(problem, str(tmp_path / "a"))
     with Engine(problem, arch, evaluator=ParamsExecutor(), config=EngineConfig(islands=1)) as eng:

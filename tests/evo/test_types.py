@@ -129,6 +129,64 @@ def test_problem_fingerprint_and_diff() -> None:
         _problem(target="sm_12").validate(needs_gpu_contract=False)
 
 
+def _per_dtype(params: object, dtype: str) -> dict[str, int]:
+    """A dtype's build: its own code when the genome's variant is "b", one build for all otherwise."""
+    return {"DT": {"float32": 0, "float16": 1, "bfloat16": 2}[dtype]} if params["variant"] == "b" else {}  # type: ignore[index]
+
+
+def _fp16_like_fp32(params: object, dtype: str) -> dict[str, int | str]:
+    return {"WIDE": "f32"} if dtype == "bfloat16" else {"WIDE": "native"}
+
+
+def test_problem_dtype_builds() -> None:
+    dts = ("float32", "float16", "bfloat16")
+    p = _problem(dtypes=dts, dtype_defines=_per_dtype).validate(needs_gpu_contract=False)
+    # one build when the answer is empty for every dtype
+    assert p.builds({"variant": "a"}) == {"": []} and p.build_for({"variant": "a"}, "float16") == ""
+    assert p.build_defines({"variant": "a"}, "float16") == []
+    b = {"variant": "b"}
+    assert p.builds(b) == {"float32": ["-DDT=0"], "float16": ["-DDT=1"], "bfloat16": ["-DDT=2"]}
+    assert [p.build_for(b, d) for d in dts] == list(dts)
+    assert p.build_defines(b, None) == []
+    # dtypes with equal definitions share a build, named after the first of them
+    q = _problem(dtypes=dts, dtype_defines=_fp16_like_fp32)
+    assert q.builds({"variant": "a"}) == {"float32": ["-DWIDE=native"], "bfloat16": ["-DWIDE=f32"]}
+    assert q.build_for({"variant": "a"}, "float16") == "float32"
+    # part of the fingerprint when set (and only then: problems without it keep theirs)
+    assert p.fingerprint() != _problem(dtypes=dts).fingerprint()
+    assert "dtype_defines" not in _problem(dtypes=dts).describe()["contract"]
+    assert p.describe()["contract"]["dtype_defines"].endswith("_per_dtype")
+    assert p.diff(q.describe()) == ["contract"]
+
+
+def _clashes(params: object, dtype: str) -> dict[str, int]:
+    return {"variant": 1}
+
+
+def _bad_value(params: object, dtype: str) -> dict[str, object]:
+    return {"DT": "a b"}
+
+
+def test_problem_dtype_defines_errors_name_the_fix() -> None:
+    with pytest.raises(ProblemError, match="'variant' is also a param"):
+        _problem(dtype_defines=_clashes, seeds=(Genome(SRC, {"variant": "a"}),)).validate(needs_gpu_contract=False)
+    with pytest.raises(ProblemError, match="plain token"):
+        _problem(dtype_defines=_bad_value).build_defines({"variant": "a"}, "float32")
+    with pytest.raises(ProblemError, match="must be a function"):
+        _problem(dtype_defines={"float32": {"DT": 0}}).validate(needs_gpu_contract=False)
+    with pytest.raises(ProblemError, match="not among the Problem's dtypes"):
+        _problem(dtypes=("float32",), dtype_defines=_per_dtype).build_for({"variant": "b"}, "float16")
+
+
+def test_choice_default_is_one_of_its_values() -> None:
+    assert Choice([0, 1], default=0).describe() == {"kind": "choice", "values": [0, 1], "default": 0}
+    assert Choice([0, 1]).describe() == {"kind": "choice", "values": [0, 1]}
+    with pytest.raises(SpaceError, match="not one of its values"):
+        Choice([0, 1], default=2)
+    with pytest.raises(SpaceError):
+        Choice([0, 1], default=True)  # True is not 1 here
+
+
 def test_descriptor_values_and_axes() -> None:
     p = _problem()
     g = Genome(SRC, {"variant": "b"})

@@ -82,6 +82,65 @@ def test_stage_data_and_defines_reach_the_compiler(tmp_path):
     assert "8 bytes smem" in res.data["compile_log"]
 
 
+PER_DTYPE_KERNEL = r"""
+#ifndef DT
+#define DT 9
+#endif
+#if DT == 1 && defined(FAIL_FP16)
+#error "no fp16 build here"
+#endif
+extern "C" __global__ void kernel(float* y) {
+    __shared__ float buf[DT == 0 ? 64 : (DT == 1 ? 16 : 8)];  // 256, 64 or (one build) 32 bytes
+    buf[threadIdx.x % (DT == 0 ? 64 : (DT == 1 ? 16 : 8))] = threadIdx.x;
+    __syncthreads();
+    y[threadIdx.x] = buf[(threadIdx.x + 1) % (DT == 0 ? 64 : (DT == 1 ? 16 : 8))] + DT;
+}
+"""
+
+
+def per_dtype_defines(params, dtype):
+    """Test Problems' dtype_defines: a build per dtype (``-DDT=code``) with THREADS 256, one with 128."""
+    return {"DT": {"float32": 0, "float16": 1}[dtype]} if params["THREADS"] == 256 else {}
+
+
+@needs_nvcc
+def test_stage_builds_once_per_dtype_where_the_problem_asks(tmp_path):
+    """dtype_defines: one cubin per build, each with its definitions; the resources are the largest."""
+    from fitness import Resources
+
+    prob = host_problem(dtypes=("float32", "float16"), tolerances={"float32": 1e-5, "float16": 1e-3},
+                        dtype_defines=per_dtype_defines)
+    ctx = StageContext(options={"cache_dir": str(tmp_path)})
+    job = Job(Genome(PER_DTYPE_KERNEL, {"THREADS": 256}), prob)
+    res = Compile().run(job, ctx)
+    assert res.ok, res.artifacts
+    assert set(res.data["cubins"]) == {"float32", "float16"}
+    assert res.data["cubins"]["float32"] != res.data["cubins"]["float16"]
+    assert res.data["cubin"] == res.data["cubins"]["float32"]
+    logs = res.data["compile_logs"]
+    assert "256 bytes smem" in logs["float32"] and "64 bytes smem" in logs["float16"]
+    assert "== build float32 (-DDT=0) ==" in res.data["compile_log"]
+    assert "== build float16 (-DDT=1) ==" in res.data["compile_log"]
+    job.data.update(res.data)
+    assert Resources().run(job, ctx).resources["shared_bytes"] == 256
+    # the same genome with THREADS 128: one build for both dtypes, the data as without dtype_defines
+    one = Job(Genome(PER_DTYPE_KERNEL, {"THREADS": 128}), prob)
+    res = Compile().run(one, ctx)
+    assert res.ok and "cubins" not in res.data and "compile_logs" not in res.data
+    assert "32 bytes smem" in res.data["compile_log"] and "== build" not in res.data["compile_log"]
+
+
+@needs_nvcc
+def test_a_failing_build_fails_the_genome_and_names_the_build(tmp_path):
+    prob = host_problem(dtypes=("float32", "float16"), tolerances={"float32": 1e-5, "float16": 1e-3},
+                        dtype_defines=per_dtype_defines)
+    job = Job(Genome("#define FAIL_FP16 1\n" + PER_DTYPE_KERNEL, {"THREADS": 256}), prob)
+    res = Compile().run(job, StageContext(options={"cache_dir": str(tmp_path)}))
+    assert not res.ok and res.status is Status.COMPILE_ERROR
+    assert res.artifacts["reason"].startswith("build float16 (-DDT=1): compile failed")
+    assert "no fp16 build here" in res.artifacts["compile_log"] and "cubin" not in res.data
+
+
 @needs_nvcc
 def test_timeout_kills_the_compile_and_is_not_cached(tmp_path):
     cache = CompileCache(tmp_path)

@@ -252,6 +252,50 @@ def test_workspace_left_dirty_is_incorrect(stage, entry):
     assert "non-zero byte(s) in its workspace 'ws'" in res.artifacts["mismatch"], res.artifacts["mismatch"]
 
 
+# --------------------------------------------------------------------------- a build per dtype
+
+
+def bf16_build(params, dtype):
+    """The row-scale Problem's dtype_defines: a build per dtype (the flag fixed at compile time)."""
+    return {"BF16": int(dtype == "bfloat16")}
+
+
+class BuildBackend(NumpyBackend):
+    """Each build's "kernel" computes for the dtype it was built for, whatever the runtime flag says
+    (as a -DDTYPE_CODE build does); ``swap`` hands out the other dtype's build."""
+
+    def __init__(self, swap=False):
+        super().__init__({})
+        self.swap = swap
+        self.loaded: list[str] = []
+
+    def load(self, job, scratch, build=""):
+        self.loaded.append(build)
+        built = {"float32": "bfloat16", "bfloat16": "float32"}[build] if self.swap else build
+
+        def fn(launch, args, state):
+            state.setdefault("ran", []).append((built, int(args[6])))
+            k_good(launch, list(args[:6]) + [np.int32(built == "bfloat16")], state)
+
+        return KernelHandle(fn, job.genome.entry, max_threads=self.max_threads)
+
+
+@pytest.mark.parametrize("stage", [Correctness(), Timing()], ids=["correctness", "timing"])
+def test_each_case_runs_the_build_of_its_dtype(stage):
+    prob = dataclasses.replace(small_problem(), dtype_defines=bf16_build)
+    data = {"cubins": {"float32": b"", "bfloat16": b""}}
+    backend = BuildBackend()
+    res, _ = run_stage(stage, "built", problem=prob, backend=backend, data=data)
+    assert res.ok, res.artifacts
+    assert backend.loaded == ["float32", "bfloat16"]
+    ran = backend.state["ran"]
+    assert {b for b, _ in ran} == {"float32", "bfloat16"} and all((b == "bfloat16") == f for b, f in ran)
+    # the wrong build for a dtype computes garbage, and the gate says so
+    with np.errstate(all="ignore"):
+        res, _ = run_stage(stage, "built", problem=prob, backend=BuildBackend(swap=True), data=data)
+    assert not res.ok and res.status is Status.INCORRECT
+
+
 # --------------------------------------------------------------------------- correctness on the CPU
 
 
