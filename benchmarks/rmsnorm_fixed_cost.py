@@ -11,7 +11,9 @@ for timing only; the engine never sees them:
 
 * ``full``: the genome as exported;
 * ``dtype-only``: only the timed dtype's path instantiated (the kernels carry all three in
-  one cubin); computes the same outputs, which the script checks bitwise against ``full``;
+  one cubin): the source built with ``DTYPE_CODE`` defined, as the gate builds a genome of
+  ``DTYPE_BUILD`` 1 (``--vs '{"DTYPE_BUILD": 1}'`` times that genome itself); computes the
+  same outputs, which the script checks bitwise against ``full``;
 * ``no-reduce`` (backward): every CTA returns after taking its ticket, so nobody sums the
   partial rows (dw is wrong);
 * ``no-sum`` (backward): the reducers wait for every partial row as in ``full`` but sum no
@@ -57,7 +59,6 @@ import datetime
 import json
 import math
 import platform
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -74,11 +75,6 @@ _ATTR_NON_PORTABLE_CLUSTER = 14  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_A
 VARIANTS = ("full", "dtype-only", "no-reduce", "no-sum", "no-dw", "no-w", "no-store")
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
-# if (dtype_code == 0) f<0, T>(args); else if (dtype_code == 1) f<1, T>(args); else f<2, T>(args);
-_DISPATCH = re.compile(
-    r"if \(dtype_code == 0\)\s*(?P<f>\w+)<0(?P<t>[^<>]*)>\((?P<a>[^;]*)\);\s*"
-    r"else if \(dtype_code == 1\)\s*(?P=f)<1(?P=t)>\((?P=a)\);\s*"
-    r"else\s*(?P=f)<2(?P=t)>\((?P=a)\);")
 _PUBLISH = ("    if (use_smem) {\n        __syncthreads();\n        for (int j = plo + threadIdx.x; j < phi; j += THREADS) "
             "mine[j] = sdw[j];")
 # backward variant -> (code it looks for, what replaces it, how the error names that code)
@@ -124,13 +120,10 @@ def variant_source(source: str, variant: str, dtype: str, backward: bool) -> str
         raise ValueError(f"variant {variant!r} is for the forward kernel (leave out --backward)")
     if variant == "full":
         return source
-    if variant == "dtype-only":
-        code = DTYPE_CODES[dtype]
-        out, n = _DISPATCH.subn(lambda m: f"{m['f']}<{code}{m['t']}>({m['a']});", source)
-        if n == 0:
-            raise ValueError("dtype-only: no 'if (dtype_code == 0) f<0>(...); else if ... else f<2>(...);' "
-                             "dispatch found in the source")
-        return out
+    if variant == "dtype-only":  # the kernels pick their dtype at compile time when DTYPE_CODE is defined
+        if "#ifdef DTYPE_CODE" not in source:
+            raise ValueError("dtype-only: the source has no '#ifdef DTYPE_CODE' (a build of one dtype's body)")
+        return f"#define DTYPE_CODE {DTYPE_CODES[dtype]}\n" + source
     if variant in FORWARD_ONLY:
         pairs, what = _FWD_EDITS[variant]
         for old, new in pairs:
@@ -234,7 +227,9 @@ def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: i
     from fitness import materialize
     from fitness._dtypes import storage_dtype, to_storage
 
-    key = (source, tuple(genome["defines"]), genome["entry"])
+    defines = list(genome["defines"])  # plus the case dtype's build (DTYPE_BUILD 1), as the gate builds it
+    defines += [d for d in problem.build_defines(genome["params"], case.dtype) if d not in defines]
+    key = (source, tuple(defines), genome["entry"])
     if key not in _KERNELS:  # one compile per variant, not per row count
         _KERNELS[key] = cupy.RawModule(code=source, options=key[1] + ("--std=c++17",)).get_function(key[2])
     kern = _KERNELS[key]

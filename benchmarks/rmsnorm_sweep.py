@@ -219,7 +219,7 @@ def _geomean(xs: list[float]) -> float:
 
 _KNOBS = {"STAGE": "ST", "THREADS": "TH", "TPR": "TPR", "CLUSTER": "CL", "PIPE": "PI", "TILE_ROWS": "TR",
           "PERSISTENT": "PE", "MAX_VECS": "MV", "VEC_BYTES": "VB", "LOAD_HINT": "LH", "STORE_HINT": "SH",
-          "OCCUPANCY": "OC", "WSMEM": "WS", "RSQRT_APPROX": "RA", "PREFETCH": "PF"}
+          "OCCUPANCY": "OC", "WSMEM": "WS", "RSQRT_APPROX": "RA", "PREFETCH": "PF", "DTYPE_BUILD": "DB"}
 """The forward knobs a variant's name shows, each under its own short label."""
 
 

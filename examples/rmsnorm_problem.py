@@ -480,6 +480,7 @@ def forward_param_space() -> ParamSpace:
             "OCCUPANCY": Choice([0, 2, 4, 8, 16, 32]),
             "WSMEM": Choice([0, 1]),
             "PREFETCH": Choice([0, 1]),
+            "DTYPE_BUILD": Choice([0, 1], default=0),
         },
         constraints=(
             Constraint("TPR (threads per row) divides THREADS", _c_tpr_divides),
@@ -520,115 +521,115 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # many short rows, no staging: a warp per row, four rows per CTA, register tile of 4 x 16 B
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 0, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3 (bulk copies into shared memory), short rows: a warp per row, tiles of 8 rows
     {"THREADS": 256, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3, the shortest rows: half a warp per row, one buffer, L2 evict-first loads
     {"THREADS": 128, "TPR": 16, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 8,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3, 2K-4K rows: a CTA of 128 threads per row, tiles of 2 rows, many CTAs per SM
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3, 8K rows: a CTA of 256 threads per row
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3, 16K-32K rows: a CTA of 512 threads per row
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 0, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3, long rows: each CTA of a 2-CTA cluster holds half a row, two CTAs per SM
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 2, "PERSISTENT": 2, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 4 (rows in registers), N=256: 16 threads per row, two rows each in flight, 4 CTAs per SM
     {"THREADS": 256, "TPR": 16, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 2,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 2,
-     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 4, N=512: a warp per row, four rows each in flight
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 0, "STAGE": 4, "MAX_VECS": 2,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 4,
-     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 0, N=1K: a warp per row, one vector per thread, 8 CTAs of 128 threads per SM
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 8, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 8, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 4, N=2K: a warp per row, the whole row (8 vectors per thread) in flight
     {"THREADS": 128, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 8,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1,
-     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3, N=16K: a CTA of 256 threads per row, one row per tile, streaming stores
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 2, N=16K-32K: a CTA of 512 threads per row, one 16-byte load per batch, two CTAs per SM;
     # the first read of a row keeps it in L2 (evict_last) for the second (LOAD_HINT 4: at fp32 32K
     # 0.84-0.87 of copy against 0.68-0.70 with LOAD_HINT 0 or 3, rmsnorm_sweep-2026-12-03-policy-repeat*)
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 2, N >= 128K: the same, a quarter row per CTA of a 4-CTA cluster, L2 evict-first loads
     {"THREADS": 512, "TPR": 512, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 4, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3, N=128K: an 8-CTA cluster per row, each CTA's 32 KB slice one bulk copy, L2 evict-first
     # loads (the float32 weights, re-read by every row, stay in L2)
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 3, fp32 N=256K: a 16-CTA cluster per row, 256 threads per CTA (64 KB slices)
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 2, 128 KB rows (fp32 32K, bf16 64K): one CTA of 1024 threads per SM, whose row stays in
     # the SM's L1 for the second read (LOAD_HINT 5: L1::evict_last, then evict_first): fp32 32K 0.99
     # of copy against 0.87-0.89 with LOAD_HINT 4 (rmsnorm_sweep-2026-12-03-l1.md)
     {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 2, 32 KB rows (bf16 16K, fp32 8K): four CTAs of 256 threads per SM, with and without the
     # L1 priorities (bf16 16K 0.995 of copy with LOAD_HINT 4, bf16 8K 0.995 and fp32 8K 1.008 with 5)
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 4, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 2, 64 KB rows (16-bit 32K): two CTAs of 1024 threads per SM at 32 registers, two rows per
     # SM's L1 (bf16/fp16 32K 0.934/0.936 of copy against 0.929/0.935 for 2 x 512 threads in the same
     # sweep, rmsnorm_sweep-2026-12-03-lean.md: a start for the search, not yet a gain)
     {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 2, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 2, rows larger than L1 (fp32 64K, 16-bit 128K): one CTA of 1024 threads per SM, the next
     # vector's load issued before the current one's store in the second pass (fp32 64K 0.842 of copy
     # against 0.702 without, bf16 / fp16 128K 0.754 / 0.664 against 0.654 / 0.653, in one device call:
     # rmsnorm_sweep-2026-12-03-prefetch.md)
     {"THREADS": 1024, "TPR": 1024, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 1},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 1, "DTYPE_BUILD": 0},
     # STAGE 3 with the partial sums pushed to the cluster's CTAs (st.async), 32 KB of x per CTA and
     # tile, 128 threads: 16-bit 256K and fp32 128K (16 CTAs x 1 row), 16-bit 64K (8 CTAs x 2 rows),
     # fp32 64K (16 CTAs x 2 rows): 0.875 / 0.910 / 0.905 / 0.906 of copy (rmsnorm_sweep-2026-12-03-exchange-long.md)
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 1,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 8, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 2,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # the same with four rows per tile, normalised together (each vector's weights loaded once for
     # the four): 16-bit 64K 0.917 / 0.925 of copy against 0.900 / 0.902 for the best form before
     # (rmsnorm_sweep-2026-12-04-s13-wrows-compare.md)
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 3, "MAX_VECS": 4,
      "CLUSTER": 16, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 1, "TILE_ROWS": 4,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 4 with one-warp CTAs (up to 32 per SM; torch.compile's Triton kernel runs 1-warp CTAs at
     # N = 256-1K): N = 256 16-bit (4 rows of one vector each per thread, 64 registers), N = 256 fp32
     # and 512 (2 rows x 2 vectors), fp32 512 and 16-bit 1K (4 vectors), 16-bit 2K (8 vectors): 0.785,
@@ -636,16 +637,16 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # previous champions in the same sweep (rmsnorm_sweep-2026-12-05-s15-onewarp.md)
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 4,
-     "OCCUPANCY": 32, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 32, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 2,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 2,
-     "OCCUPANCY": 16, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 16, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 4,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1,
-     "OCCUPANCY": 32, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 32, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     {"THREADS": 32, "TPR": 32, "VEC_BYTES": 16, "LOAD_HINT": 1, "STORE_HINT": 1, "STAGE": 4, "MAX_VECS": 8,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 1,
-     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 0, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 2 at 32 registers, 2048 threads per SM, one row per CTA of 128 or 256 threads (the
     # lean form of the occupancy rule; THREADS, TPR and OCCUPANCY change together, which mutations
     # seldom do): on the H100, 1K-4K, the 128-thread one 0.981-0.988 of copy at 2K (the one-warp
@@ -653,10 +654,10 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # (rmsnorm_sweep-2026-12-06-s22-h100-stage2-2048threads.md)
     {"THREADS": 128, "TPR": 128, "VEC_BYTES": 16, "LOAD_HINT": 5, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 16, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 16, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     {"THREADS": 256, "TPR": 256, "VEC_BYTES": 16, "LOAD_HINT": 4, "STORE_HINT": 1, "STAGE": 2, "MAX_VECS": 1,
      "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-     "OCCUPANCY": 8, "WSMEM": 0, "PREFETCH": 0},
+     "OCCUPANCY": 8, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0},
     # STAGE 0 with one 16-byte vector per thread (the kernel's lean path) at 32 registers, 2048
     # threads per SM, one row per CTA of 64 to 1024 threads: each holds a whole row of 1 KB to 16 KB
     # (16-bit 512 to 8K, fp32 256 to 4K), read once, as many rows in flight per SM as CTAs. On the
@@ -665,7 +666,7 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # 512-thread one 1.003 at fp32 4K, and won that case in search run 26
     *({"THREADS": t, "TPR": t, "VEC_BYTES": 16, "LOAD_HINT": 0, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
        "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-       "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 0} for t in (64, 128, 256, 512, 1024)),
+       "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 0, "DTYPE_BUILD": 0} for t in (64, 128, 256, 512, 1024)),
     # The lean path with PREFETCH 1 (the thread's weights loaded with its x vector, before the
     # reduction, and kept; with a persistent grid the next row's vector too), one row per CTA, the
     # L2 evict_first load: on the H100, bf16, the 128-thread form 0.970 of copy at 1K and the
@@ -674,7 +675,7 @@ FWD_SEED_PARAMS: tuple[dict[str, int], ...] = (
     # (rmsnorm_sweep-2026-12-07-s31-h100-lean-next.md)
     *({"THREADS": t, "TPR": t, "VEC_BYTES": 16, "LOAD_HINT": 3, "STORE_HINT": 1, "STAGE": 0, "MAX_VECS": 1,
        "CLUSTER": 1, "PERSISTENT": 0, "RSQRT_APPROX": 1, "PIPE": 2, "TILE_ROWS": 8,
-       "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 1} for t in (128, 256)),
+       "OCCUPANCY": 2048 // t, "WSMEM": 0, "PREFETCH": 1, "DTYPE_BUILD": 0} for t in (128, 256)),
 )
 """Starting points, one or more per row-length regime (the engine searches from all of them).
 Each is the best variant, for the shapes its comment names, of a design-space sweep on the H200
@@ -690,6 +691,19 @@ as these genomes)."""
 def forward_source() -> str:
     """The forward kernel source (examples/kernels/rmsnorm_fwd.cu)."""
     return (KERNEL_DIR / "rmsnorm_fwd.cu").read_text()
+
+
+def dtype_defines(params: Mapping[str, Any], dtype: str) -> dict[str, int]:
+    """The Problem's per-dtype build (``Problem.dtype_defines``): with ``DTYPE_BUILD`` 1 each dtype
+    gets its own build, ``-DDTYPE_CODE=<code>``, holding that dtype's body alone; with 0 one build
+    serves all three (the storage dtype picked at run time).
+
+    Measured with nvcc 13.0 for sm_90a (ptxas -v, CPU): one body for all three dtypes can take
+    more registers than the largest single-dtype body (the backward at 256 threads x 8 chunks with
+    SPLIT 2: 164 registers, 128 for each dtype alone, so two CTAs fit an SM instead of one), and
+    a single-dtype cubin is about a third of the size. A few forms spill 16-80 bytes in the
+    16-bit or the fp32 build that do not in the shared one, which is why it is a knob."""
+    return {"DTYPE_CODE": DTYPE_CODES[dtype]} if int(params.get("DTYPE_BUILD", 0)) else {}
 
 
 def make_forward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtypes: Sequence[str] | None = None,
@@ -724,6 +738,7 @@ def make_forward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtype
         dtypes=dts,
         tolerances={d: TOLERANCES[d] for d in dts},
         target="sm_90a",
+        dtype_defines=dtype_defines,
         signature=fwd_signature,
         scalars=fwd_scalars,
         make_inputs=fwd_make_inputs,
@@ -920,7 +935,8 @@ def backward_param_space() -> ParamSpace:
                 "LOAD_HINT": Choice([0, 1, 2]), "MAX_CHUNKS": Choice([1, 2, 4, 8]),
                 "CTAS_PER_SM": Choice([1, 2, 3, 4]), "SMEM_DW": Choice([0, 1]), "REDUCERS": Choice([8, 32, 64]),
                 "PREFETCH": Choice([0, 1]), "ROW_WARP": Choice([0, 1, 2, 4]), "TREE": Choice([0, 4, 8, 16]),
-                "STAGES": Choice([0, 1, 2, 3]), "DW_REGS": Choice([0, 1]), "SPLIT": Choice([1, 2, 4])},
+                "STAGES": Choice([0, 1, 2, 3]), "DW_REGS": Choice([0, 1]), "SPLIT": Choice([1, 2, 4]),
+                "DTYPE_BUILD": Choice([0, 1], default=0)},
         constraints=(
             Constraint("ALGO 1 at 1024 threads: MAX_CHUNKS <= 2 (64 registers per thread; more chunks spill)",
                        _c_bwd_registers),
@@ -957,7 +973,7 @@ def backward_param_space() -> ParamSpace:
 
 BWD_SEED_PARAMS: dict[str, int] = {"ALGO": 0, "THREADS": 256, "UNROLL": 4, "LOAD_HINT": 0, "MAX_CHUNKS": 4,
                                    "CTAS_PER_SM": 2, "SMEM_DW": 1, "REDUCERS": 32, "PREFETCH": 0,
-                                   "ROW_WARP": 0, "TREE": 0, "STAGES": 0, "DW_REGS": 0, "SPLIT": 1}
+                                   "ROW_WARP": 0, "TREE": 0, "STAGES": 0, "DW_REGS": 0, "SPLIT": 1, "DTYPE_BUILD": 0}
 """The first backward seed: column and row CTAs (ALGO 0)."""
 
 BWD_PERSISTENT_SEEDS: tuple[dict[str, int], ...] = (
@@ -1005,6 +1021,7 @@ def make_backward_problem(timed: Sequence[Mapping[str, int]] | None = None, dtyp
         dtypes=dts,
         tolerances={d: tol[d] for d in dts},
         target="sm_90a",
+        dtype_defines=dtype_defines,
         signature=bwd_signature,
         scalars=bwd_scalars,
         make_inputs=bwd_make_inputs,

@@ -3,7 +3,8 @@
 // Buffers: x [M*N], w [N] float32, dy [M*N], rstd [M] float32 (in); dx [M*N], dw [N] float32 (out);
 // ws (workspace, float32): WS_HEADER words (a ticket counter) then up to PARTS_MAX rows of N partial
 // sums of dw. The harness hands ws over all zeros and the kernel must return it all zeros.
-// Scalars: M, N, dtype_code (0 fp32, 1 fp16, 2 bf16).
+// Scalars: M, N, dtype_code (0 fp32, 1 fp16, 2 bf16; with -DDTYPE_CODE the build holds that dtype's
+// body alone, see DTC below).
 //
 // ALGO 0 (column CTAs + row CTAs; ws unused). Grid = ceil(N/32) + M CTAs of THREADS threads:
 //   * CTAs [0, ceil(N/32)) each own 32 columns of dw; warp k sums rows k, k+W, ... (W = THREADS/32),
@@ -48,7 +49,9 @@
 // SPLIT (ALGO 1 with ROW_WARP, TREE and STAGES 0: 1, or S = 2 or 4 CTAs of a cluster share each row,
 // each holding a contiguous 1/S of its chunks, so a long row needs 1/S of the registers and two CTAs
 // can share an SM; the dot product is summed over the cluster through distributed shared memory,
-// see row_sum; the S CTAs write disjoint columns of one partial row, so G / S rows are reduced).
+// see row_sum; the S CTAs write disjoint columns of one partial row, so G / S rows are reduced),
+// DTYPE_BUILD (read by the harness, not the kernel: 1 builds the genome once per dtype with
+// -DDTYPE_CODE, that dtype's body alone; 0 once for all three, see DTC below).
 #include <cuda_fp16.h>
 
 #ifndef THREADS
@@ -872,6 +875,19 @@ __device__ void persistent(const void* x, const float* w, const void* dy, const 
     }
 }
 
+// DTYPE_CODE (given with DTYPE_BUILD 1: the harness then builds once per dtype, see dtype_defines in
+// examples/rmsnorm_problem.py): the storage dtype fixed at compile time, so a build holds that dtype's
+// body alone and its registers are that body's (one body for all three can take more registers than
+// the largest of them); without it the runtime dtype_code picks the body.
+#ifdef DTYPE_CODE
+#if DTYPE_CODE < 0 || DTYPE_CODE > 2
+#error "DTYPE_CODE must be 0 (fp32), 1 (fp16) or 2 (bf16)"
+#endif
+#define DTC(code) DTYPE_CODE
+#else
+#define DTC(code) (code)
+#endif
+
 #if SPLIT > 1
 #define KDIMS __cluster_dims__(SPLIT, 1, 1)
 #else
@@ -886,22 +902,22 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS)
     __shared__ float red[THREADS];  // 2 * SPLIT * WARPS for the rows' dot products, THREADS for the dw reduction
     extern __shared__ float4 sdw4[];
     float* sdw = reinterpret_cast<float*>(sdw4);
-    if (dtype_code == 0) persistent<0>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);
-    else if (dtype_code == 1) persistent<1>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);
+    if (DTC(dtype_code) == 0) persistent<0>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);
+    else if (DTC(dtype_code) == 1) persistent<1>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);
     else persistent<2>(x, w, dy, rstd, dx, dw, ws, M, N, red, sdw);
 #else
     __shared__ float red[THREADS];
     const int ntiles = (N + 31) / 32;
     const long long b = blockIdx.x;
     if (b < ntiles) {
-        if (dtype_code == 0) dw_columns<0>(x, dy, rstd, dw, M, N, static_cast<int>(b), red);
-        else if (dtype_code == 1) dw_columns<1>(x, dy, rstd, dw, M, N, static_cast<int>(b), red);
+        if (DTC(dtype_code) == 0) dw_columns<0>(x, dy, rstd, dw, M, N, static_cast<int>(b), red);
+        else if (DTC(dtype_code) == 1) dw_columns<1>(x, dy, rstd, dw, M, N, static_cast<int>(b), red);
         else dw_columns<2>(x, dy, rstd, dw, M, N, static_cast<int>(b), red);
     } else {
         const long long row = b - ntiles;
         if (row >= M) return;
-        if (dtype_code == 0) dx_row<0>(x, w, dy, rstd, dx, N, row, red);
-        else if (dtype_code == 1) dx_row<1>(x, w, dy, rstd, dx, N, row, red);
+        if (DTC(dtype_code) == 0) dx_row<0>(x, w, dy, rstd, dx, N, row, red);
+        else if (DTC(dtype_code) == 1) dx_row<1>(x, w, dy, rstd, dx, N, row, red);
         else dx_row<2>(x, w, dy, rstd, dx, N, row, red);
     }
 #endif

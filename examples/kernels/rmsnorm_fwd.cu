@@ -2,7 +2,8 @@
 //
 // Buffers (harness contract): x [M*N] storage dtype, w [N] float32, y [M*N] storage dtype.
 // Scalars: M (int32), N (int32), eps (float32), dtype_code (int32: 0 fp32, 1 fp16, 2 bf16).
-// The storage dtype is a runtime scalar: one entry point dispatches to a templated body.
+// The storage dtype is a runtime scalar: one entry point dispatches to a templated body (or, built
+// with -DDTYPE_CODE, holds only that dtype's body; see DTC below).
 //
 // Knobs (compile-time -D params; see docs/rmsnorm.md):
 //   THREADS      threads per CTA (multiple of 32)
@@ -60,6 +61,8 @@
 //                with a persistent grid a thread then has two rows in flight and reads no
 //                weight per row. Other stages (and the STAGE 2 fallbacks of STAGE 3 and 4)
 //                ignore it.
+//   DTYPE_BUILD  read by the harness, not the kernel: 1 builds the genome once per dtype with
+//                -DDTYPE_CODE (that dtype's body alone), 0 once for all three (see DTC below)
 //
 // Rows whose x and y addresses are not VEC_BYTES-aligned (odd N, misaligned bases) are split
 // into a scalar head, an aligned vector body and a scalar tail. If x and y rows have different
@@ -1274,6 +1277,19 @@ __device__ __forceinline__ void rmsnorm_pipe(const void* __restrict__ x, const f
 }
 #endif
 
+// DTYPE_CODE (given with DTYPE_BUILD 1: the harness then builds once per dtype, see dtype_defines in
+// examples/rmsnorm_problem.py): the storage dtype fixed at compile time, so a build holds that dtype's
+// body alone and its registers are that body's (one body for all three can take more registers than
+// the largest of them); without it the runtime dtype_code picks the body.
+#ifdef DTYPE_CODE
+#if DTYPE_CODE < 0 || DTYPE_CODE > 2
+#error "DTYPE_CODE must be 0 (fp32), 1 (fp16) or 2 (bf16)"
+#endif
+#define DTC(code) DTYPE_CODE
+#else
+#define DTC(code) (code)
+#endif
+
 #if CLUSTER > 1
 #define KDIMS __cluster_dims__(CLUSTER, 1, 1)
 #else
@@ -1291,31 +1307,31 @@ extern "C" __global__ void KDIMS __launch_bounds__(THREADS, MIN_BLOCKS)
 #if STAGE == 3
     __shared__ float rowsum[2 * XROWS * CLUSTER];
     __shared__ __align__(8) unsigned long long mbar[PIPE + WSMEM + (CLUSTER > 1 ? 2 : 0)];
-    if (dtype_code == 0)
+    if (DTC(dtype_code) == 0)
         rmsnorm_pipe<0>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
-    else if (dtype_code == 1)
+    else if (DTC(dtype_code) == 1)
         rmsnorm_pipe<1>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
     else
         rmsnorm_pipe<2>(x, w, y, M, N, eps, red, clp, rowsum, mbar, dsmem);
 #elif STAGE == 4
-    if (dtype_code == 0)
+    if (DTC(dtype_code) == 0)
         rmsnorm_rowtile<0>(x, w, y, M, N, eps, red, clp, dsmem);
-    else if (dtype_code == 1)
+    else if (DTC(dtype_code) == 1)
         rmsnorm_rowtile<1>(x, w, y, M, N, eps, red, clp, dsmem);
     else
         rmsnorm_rowtile<2>(x, w, y, M, N, eps, red, clp, dsmem);
 #elif LEAN
-    if (dtype_code == 0)
+    if (DTC(dtype_code) == 0)
         rmsnorm_lean<0>(x, w, y, M, N, eps, red);
-    else if (dtype_code == 1)
+    else if (DTC(dtype_code) == 1)
         rmsnorm_lean<1>(x, w, y, M, N, eps, red);
     else
         rmsnorm_lean<2>(x, w, y, M, N, eps, red);
 #else
     Vec* dstage = reinterpret_cast<Vec*>(dsmem);
-    if (dtype_code == 0)
+    if (DTC(dtype_code) == 0)
         rmsnorm_rows<0, STAGE>(x, w, y, M, N, eps, red, clp, dstage);
-    else if (dtype_code == 1)
+    else if (DTC(dtype_code) == 1)
         rmsnorm_rows<1, STAGE>(x, w, y, M, N, eps, red, clp, dstage);
     else
         rmsnorm_rows<2, STAGE>(x, w, y, M, N, eps, red, clp, dstage);

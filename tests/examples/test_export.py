@@ -163,6 +163,27 @@ def test_export_embeds_the_cubin_the_gate_builds(tmp_path: Path) -> None:
     assert "cubin built at export time" in mod.__doc__ and mod.BUILD in mod.__doc__
 
 
+def test_export_embeds_each_dtype_build(tmp_path: Path) -> None:
+    """DTYPE_BUILD 1: the gate builds the genome once per dtype (-DDTYPE_CODE); the module carries
+    each dtype's build and its definitions, for the cubin and for an NVRTC fallback alike."""
+    import base64
+    import zlib
+
+    from fitness import compile_genome
+
+    prob = make_forward_problem(timed=[{"M": 64, "N": 256}], dtypes=["bfloat16", "float32"])
+    rec = _rec(prob, {"MAX_VECS": 1, "DTYPE_BUILD": 1}, {"M=64,N=256:bfloat16": 0.01, "M=64,N=256:float32": 0.01})
+    mod = _load(export_module([rec], prob, tmp_path / "b.py", use_cache=False), "b_bin")
+    by = {g["dtype"]: g for g in mod.GENOMES}
+    assert by["bfloat16"]["binary"] != by["float32"]["binary"]
+    for dtype, code in (("bfloat16", 2), ("float32", 0)):
+        g = by[dtype]
+        assert g["defines"] == rec.genome.defines() + [f"-DDTYPE_CODE={code}"]
+        cubin = zlib.decompress(base64.b64decode(mod._BINARIES[g["binary"]]))
+        assert _code(cubin) == _code(compile_genome(rec.genome, prob, dtype=dtype).cubin)
+    assert _code(compile_genome(rec.genome, prob, dtype="bfloat16").cubin) != _code(compile_genome(rec.genome, prob).cubin)
+
+
 def test_export_without_binaries_compiles_where_it_runs(tmp_path: Path) -> None:
     prob = make_forward_problem(timed=[{"M": 64, "N": 256}], dtypes=["float32"])
     mod = _load(export_module([_rec(prob, {}, {"M=64,N=256:float32": 0.1})], prob, tmp_path / "d.py",

@@ -28,34 +28,37 @@ from fitness import materialize
 
 pytestmark = pytest.mark.gpu
 
-_CUBINS: dict[str, bytes] = {}  # genome id -> cubin, compiled by this process
-_KERNELS: dict[str, tuple[Any, Any]] = {}  # genome id -> (loaded module, its entry function)
+_CUBINS: dict[tuple[str, str], bytes] = {}  # (genome id, build) -> cubin, compiled by this process
+_KERNELS: dict[tuple[str, str], tuple[Any, Any]] = {}  # (genome id, build) -> (loaded module, its entry function)
 
 
 def _compile(prob: Problem, genomes: Iterable[Genome]) -> None:
-    """Compile the genomes not compiled yet, in parallel (nvcc subprocesses), as the Compile stage does."""
+    """Compile every build of the genomes not compiled yet (one, or one per dtype with DTYPE_BUILD 1),
+    in parallel (nvcc subprocesses), as the Compile stage does."""
     from fitness import compile_genome
 
-    todo = {g.id: g for g in genomes if g.id not in _CUBINS}
+    todo = {(g.id, b): g for g in genomes for b in prob.builds(g.params) if (g.id, b) not in _CUBINS}
     if not todo:
         return
     with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1)) as ex:
-        results = list(ex.map(lambda g: compile_genome(g, prob), todo.values()))
-    for g, res in zip(todo.values(), results, strict=True):
-        assert res.ok, f"{g.params}: compile failed ({res.reason}):\n{res.log[-3000:]}"
-        _CUBINS[g.id] = res.cubin
+        results = list(ex.map(lambda kg: compile_genome(kg[1], prob, dtype=kg[0][1] or None), todo.items()))
+    for key, res in zip(todo, results, strict=True):
+        assert res.ok, f"{todo[key].params} build {key[1]!r}: compile failed ({res.reason}):\n{res.log[-3000:]}"
+        _CUBINS[key] = res.cubin
 
 
-def _kernel(prob: Problem, genome: Genome) -> Any:
-    """The genome's entry function, loaded from its cubin (compiled first if this process has not)."""
+def _kernel(prob: Problem, genome: Genome, dtype: str) -> Any:
+    """The genome's entry function for cases of ``dtype``, loaded from the cubin of that dtype's build
+    (compiled first if this process has not)."""
     import cupy as cp
 
-    if genome.id not in _KERNELS:
+    key = (genome.id, prob.build_for(genome.params, dtype))
+    if key not in _KERNELS:
         _compile(prob, [genome])
         module = cp.cuda.function.Module()
-        module.load(_CUBINS[genome.id])
-        _KERNELS[genome.id] = (module, module.get_function(genome.entry))  # the module keeps the function valid
-    return _KERNELS[genome.id][1]
+        module.load(_CUBINS[key])
+        _KERNELS[key] = (module, module.get_function(genome.entry))  # the module keeps the function valid
+    return _KERNELS[key][1]
 
 
 def _flat(values: dict) -> dict:
@@ -127,7 +130,7 @@ def launch_case(prob: Problem, genome: Genome, case: Case, raw: dict, offsets: d
             buf = _store(cp, cp.full(a.numel, cp.nan, dtype=cp.float32), a.dtype)
         bufs.append(shifted(a.name, buf))
     ref = prob.reference(stored, case, cp)
-    kern = _kernel(prob, genome)
+    kern = _kernel(prob, genome, case.dtype)
     L = prob.launch(dict(genome.params), case, None)
     if L.cluster is not None and L.cluster[0] > 8:  # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
         cp.cuda.driver.funcSetAttribute(kern.ptr, 14, 1)
@@ -657,6 +660,32 @@ def test_seeds_through_evaluator(cuda_device) -> None:
             assert res.ok, res.reason
     finally:
         ev.close()
+
+
+def test_dtype_builds(cuda_device) -> None:
+    """DTYPE_BUILD 1 (a build per dtype, -DDTYPE_CODE): every forward seed and every backward seed so
+    built is correct on every dtype (each case runs its dtype's cubin), and through the evaluator
+    (three builds, each case its own) the gate and Timing pass, with the resources the largest."""
+    fitness = pytest.importorskip("fitness")
+    fwd, bwd = make_forward_problem(), make_backward_problem()
+    fwd_g = [g.with_params(DTYPE_BUILD=1) for g in fwd.seeds]
+    bwd_g = [g.with_params(DTYPE_BUILD=1) for g in bwd.seeds]
+    _compile(fwd, fwd_g)
+    _compile(bwd, bwd_g)
+    for g in fwd_g:
+        _check(fwd, g, [{"M": 3, "N": 7}, {"M": 17, "N": 1000}, {"M": 33, "N": 4099}, {"M": 64, "N": 8192},
+                        {"M": 4, "N": 65537}])
+    for g in bwd_g:
+        _check(bwd, g, [{"M": 1, "N": 1024}, {"M": 17, "N": 1002}, {"M": 3000, "N": 4096}])
+    for prob, g in ((make_forward_problem(timed=[{"M": 4096, "N": 4096}]), fwd_g[0]),
+                    (make_backward_problem(timed=[{"M": 4096, "N": 4096}]), bwd_g[5])):
+        ev = fitness.Evaluator(prob)
+        try:
+            res = ev.evaluate(g)
+            assert res.ok, (dict(g.params), res.reason)
+            assert set(res.metrics["cases"]) == {c.key for c in prob.timed_cases()}
+        finally:
+            ev.close()
 
 
 def _resident_cluster_genome(prob: Problem) -> Genome:
