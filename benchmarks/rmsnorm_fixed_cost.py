@@ -224,11 +224,12 @@ def _calls(problem: Any, source: str, genome: dict[str, Any], case: Any, sets: i
     import numpy as np
     import torch
 
+    from evo.types import Genome
     from fitness import materialize
     from fitness._dtypes import storage_dtype, to_storage
 
-    defines = list(genome["defines"])  # plus the case dtype's build (DTYPE_BUILD 1), as the gate builds it
-    defines += [d for d in problem.build_defines(genome["params"], case.dtype) if d not in defines]
+    # the options the gate builds this genome with for the case's dtype (DTYPE_BUILD 1 adds its own)
+    defines = problem.genome_defines(Genome(genome["source"], genome["params"], entry=genome["entry"]), case.dtype)
     key = (source, tuple(defines), genome["entry"])
     if key not in _KERNELS:  # one compile per variant, not per row count
         _KERNELS[key] = cupy.RawModule(code=source, options=key[1] + ("--std=c++17",)).get_function(key[2])

@@ -10,8 +10,9 @@ must be importable).
 The module runs what the gate checked and timed: at export time each genome is compiled as
 the gate compiles (nvcc by default, the Problem's target and options, the params as ``-D``
 defines, plus the Problem's ``dtype_defines`` for the case's dtype) and the cubin is
-embedded. Where the GPU at hand cannot load it (another architecture), or when exported with ``binaries=False``, the module compiles the source with
-cupy's NVRTC for that GPU instead. NVRTC through cupy is not the same build: it targets the
+embedded. Where the GPU at hand cannot load it (another architecture), or when exported
+with ``binaries=False``, the module compiles the source with cupy's NVRTC for that GPU
+instead. NVRTC through cupy is not the same build: it targets the
 plain architecture (``sm_90``, not ``sm_90a``) and forces ``-ftz=true``.
 
 The generated module needs cupy only when a kernel is launched; selecting a genome and
@@ -406,7 +407,7 @@ def export_module(source: Any, problem: Problem, path: str | Path, *, extra_code
             "case": key, "shape": dict(case.shape), "dtype": case.dtype, "id": rec.genome.id,
             "source": rec.genome.source, "params": dict(rec.genome.params), "entry": rec.genome.entry,
             "language": rec.genome.language,
-            "defines": rec.genome.defines() + problem.build_defines(rec.genome.params, case.dtype),
+            "defines": problem.genome_defines(rec.genome, case.dtype),
             "options": list(problem.compile_options), "time_ms": m.get("time_ms"), "fraction": m.get("fraction"),
         })
     payload: dict[str, Any] = {"genomes": genomes, "funcs": funcs, "sources": {}}

@@ -878,6 +878,11 @@ class Problem:
             out.append(f"-D{k}={v}")
         return out
 
+    def genome_defines(self, genome: Genome, dtype: str | None) -> list[str]:
+        """Every ``-D`` option ``genome`` is built with for cases of ``dtype``: its params'
+        (:meth:`Genome.defines`), then :meth:`build_defines`' (``dtype`` None: the params' alone)."""
+        return genome.defines() + self.build_defines(genome.params, dtype)
+
     def builds(self, params: Mapping[str, Any]) -> dict[str, list[str]]:
         """The builds a genome with ``params`` needs: build name -> the options
         :meth:`build_defines` adds.

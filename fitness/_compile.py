@@ -350,8 +350,8 @@ def compile_genome(genome: Genome, problem: Problem, *, backend: str = "nvcc",
     ``dtype``: build for that dtype, adding the Problem's ``dtype_defines`` for it (what the
     gate runs on cases of that dtype); None builds with the params' definitions alone.
     """
-    defines = genome.defines() + problem.build_defines(genome.params, dtype)
-    return compile_source(genome.source, entry=genome.entry, language=genome.language, defines=defines,
+    return compile_source(genome.source, entry=genome.entry, language=genome.language,
+                          defines=problem.genome_defines(genome, dtype),
                           options=problem.compile_options, target=problem.target, backend=backend, timeout=timeout,
                           memory_bytes=memory_bytes, keep_ptx=keep_ptx, cache=cache)
 
@@ -386,8 +386,8 @@ class Compile(Stage):
     Problem's ``dtype_defines`` asks for several builds of the genome
     (:meth:`~evo.types.Problem.builds`), each is compiled (concurrently): ``cubins`` and
     ``compile_logs`` map each build's name to its cubin and log, ``cubin`` and ``ptx`` are the
-    first build's, and ``compile_log`` holds every build's log under a header line naming it. A build that
-    fails fails the genome (``COMPILE_ERROR`` naming the build).
+    first build's, and ``compile_log`` holds every build's log under a header line naming it.
+    A build that fails fails the genome (``COMPILE_ERROR`` naming the build).
     """
 
     name = "compile"

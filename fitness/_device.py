@@ -590,7 +590,7 @@ class CupyBackend(Backend):
             raise RuntimeError("job.data['cubin'] is missing: put a Compile stage before the device stages")
         cache: collections.OrderedDict[str, KernelHandle] = scratch.setdefault(
             "fitness.modules", collections.OrderedDict())
-        key = f"{job.genome.id}:{job.genome.entry}:{build}" if cubins else f"{job.genome.id}:{job.genome.entry}"
+        key = f"{job.genome.id}:{job.genome.entry}:{build}"
         if key in cache:
             cache.move_to_end(key)
             return cache[key]

@@ -513,16 +513,20 @@ def _launch_for(problem: Problem, job: Job, case: Case, device: DeviceInfo, back
     return backend.fit(kernel, launch, device)
 
 
-def _load_builds(backend: Backend, job: Job, ctx: StageContext) -> dict[str, KernelHandle]:
-    """The kernel of every build of ``job`` (one, ``""``, unless the Problem builds per dtype).
+def _kernels_by_dtype(backend: Backend, job: Job, ctx: StageContext) -> dict[str, KernelHandle]:
+    """Dtype -> the kernel its cases run: every build of ``job`` loaded once (one build, ``""``,
+    unless the Problem builds per dtype).
 
     Raises:
         LaunchConfigError: a build does not load or lacks the entry point.
     """
-    builds = job.problem.builds(job.genome.params)
+    problem, params = job.problem, job.genome.params
+    builds = problem.builds(params)
     if list(builds) == [""]:
-        return {"": backend.load(job, ctx.scratch)}
-    return {name: backend.load(job, ctx.scratch, name) for name in builds}
+        kernel = backend.load(job, ctx.scratch)
+        return dict.fromkeys(problem.dtypes, kernel)
+    loaded = {name: backend.load(job, ctx.scratch, name) for name in builds}
+    return {d: loaded[problem.build_for(params, d)] for d in problem.dtypes}
 
 
 def _scalars(problem: Problem, case: Case) -> list[Any]:
@@ -560,7 +564,7 @@ class Correctness(Stage):
         problem = job.problem
         device = _device(ctx, backend)
         try:
-            kernels = _load_builds(backend, job, ctx)
+            kernels = _kernels_by_dtype(backend, job, ctx)
         except LaunchConfigError as exc:
             return StageResult.fail(Status.RUNTIME_ERROR, str(exc))
         canary = make_canary(derive_seed(ctx.seed, "canary"), GUARD_BYTES, xp)
@@ -571,7 +575,7 @@ class Correctness(Stage):
             cases = [c for c in cases if c.key not in timed] or cases[:1]
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
-            kernel = kernels[problem.build_for(job.genome.params, case.dtype)]
+            kernel = kernels[case.dtype]
             try:
                 launch = _launch_for(problem, job, case, device, backend, kernel)
             except LaunchConfigError as exc:
@@ -743,7 +747,7 @@ class Timing(Stage):
         if not cases:
             raise ProblemError(f"Problem {problem.name!r} has no timed shapes: add timed_shapes to score genomes")
         try:
-            kernels = _load_builds(backend, job, ctx)
+            kernels = _kernels_by_dtype(backend, job, ctx)
         except LaunchConfigError as exc:
             return StageResult.fail(Status.RUNTIME_ERROR, str(exc))
         opts = dict(getattr(self, "defaults", {}))
@@ -755,7 +759,7 @@ class Timing(Stage):
         for ci, case in enumerate(cases):
             specs = _specs(problem, case)
             inc = incumbents.get(case.key) if isinstance(incumbents, Mapping) else None
-            kernel = kernels[problem.build_for(job.genome.params, case.dtype)]
+            kernel = kernels[case.dtype]
             try:
                 launch = _launch_for(problem, job, case, device, backend, kernel)
                 res = self._time_case(backend, problem, job, case, ci, kernel, launch, specs, canary, device, ctx, opts,
